@@ -1,0 +1,41 @@
+"""streamlb: stateful Streamz pipelines on Dask actors, balanced live under key skew."""
+from __future__ import annotations
+
+from . import config as _config  # noqa: F401  (installs the dask.config defaults)
+from . import nodes as _nodes  # noqa: F401  (registers the nodes on streamz.Stream)
+from .exceptions import (
+    InputPathError,
+    JavaNotFoundError,
+    JobFailedError,
+    KeyTypeError,
+    PipelineError,
+    SchedulerUnreachableError,
+    SchemaError,
+    StreamlbError,
+    UnpicklableFunctionError,
+    UserFunctionError,
+)
+from .keygroups import assign_to_key_group, stable_hash
+from .routing import RoutingTable
+from .runtime import METRIC_COLUMNS, Job, run
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "run",
+    "Job",
+    "METRIC_COLUMNS",
+    "RoutingTable",
+    "assign_to_key_group",
+    "stable_hash",
+    "StreamlbError",
+    "PipelineError",
+    "SchemaError",
+    "KeyTypeError",
+    "UnpicklableFunctionError",
+    "InputPathError",
+    "SchedulerUnreachableError",
+    "JavaNotFoundError",
+    "UserFunctionError",
+    "JobFailedError",
+]

@@ -1,0 +1,518 @@
+"""The operator instance: a Dask actor that runs one stage.
+
+All data-path methods are ``async`` so they run on the worker's event loop: an instance can
+call another one on the same worker without the deadlock that synchronous actor methods (one
+shared thread) would give. Batches move worker to worker with ``actor_execute`` RPCs; each
+channel keeps at most ``credits`` batches in flight and numbers them, and the receiver
+restores per-channel FIFO order.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+import traceback
+
+import numpy as np
+import pandas as pd
+
+from . import _state
+from .exceptions import PipelineError, StreamlbError, UserFunctionError
+from .keygroups import assign_to_key_group
+from .nodes import describe
+from .planner import Stage, Step
+from .routing import RoutingTable
+
+
+class _Peer:
+    """Address of another instance; calls go straight to its worker."""
+
+    def __init__(self, worker, address: str, key: str) -> None:
+        self.worker, self.address, self.key = worker, address, key
+
+    async def call(self, method: str, *args):
+        from distributed.protocol import to_serialize
+
+        if self.address == self.worker.address:
+            obj = self.worker.state.actors[self.key]
+            return await getattr(obj, method)(*args)
+        resp = await self.worker.rpc(self.address).actor_execute(
+            function=method, actor=self.key, args=[to_serialize(a) for a in args], kwargs={}
+        )
+        if resp["status"] != "OK":
+            raise resp["exception"]
+        return resp["result"]
+
+
+class _Channel:
+    """Sender side of one channel: sequence numbers and a credit window."""
+
+    def __init__(self, peer: _Peer, sender: int, credits: int, owner: "Instance") -> None:
+        self.peer, self.sender, self.credits, self.owner = peer, sender, credits, owner
+        self.sem = asyncio.Semaphore(credits)
+        self.seq = 0
+        self.tasks: set = set()
+
+    async def send(self, kind: str, emitted: float, frame, key_groups=None) -> None:
+        t0 = time.perf_counter()
+        await self.sem.acquire()
+        self.owner._blocked += time.perf_counter() - t0
+        seq, self.seq = self.seq, self.seq + 1
+        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame, key_groups))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _do(self, seq, kind, emitted, frame, key_groups) -> None:
+        try:
+            await self.peer.call("push", self.sender, seq, kind, emitted, frame, key_groups)
+        except Exception as exc:  # the receiver or its worker is gone: the job cannot go on
+            self.owner._fail(StreamlbError(
+                f"instance {self.owner.label} could not send to {self.peer.key} on "
+                f"{self.peer.address}: {type(exc).__name__}: {exc}"
+            ))
+        finally:
+            self.sem.release()
+
+    async def drain(self) -> None:
+        for _ in range(self.credits):
+            await self.sem.acquire()
+        for _ in range(self.credits):
+            self.sem.release()
+
+
+class _Window:
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.records = 0
+        self.busy = 0.0
+        self.lat: list[float] = []
+        self.weights: list[int] = []
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, q * cum[-1])])
+
+
+class Instance:
+    """One parallel instance of a stage."""
+
+    def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
+                 key_groups: int, window: float, credits: int) -> None:
+        self.stage = stage
+        self.index = index
+        self.job = job
+        self.key_groups = key_groups
+        self.window = window
+        self.credits = credits
+        self.label = f"{stage.name}[{index}]"
+        self.upstream_instances = upstream_instances
+        self.status = "created"
+        self.error: BaseException | None = None
+        self.error_text = ""
+        self.started_at = self.finished_at = None
+        self.records_in = 0
+        self.records_out = 0
+        self.offsets: dict[str, int] = {}
+        self._in: dict[int, dict] = collections.defaultdict(dict)
+        self._next: dict[int, int] = collections.defaultdict(int)
+        self._ready: collections.deque = collections.deque()
+        self._eos = 0
+        self._list_out: dict[int, list] = collections.defaultdict(list)
+        self._writers: dict[str, object] = {}
+        self._written: dict[str, str] = {}
+        self._rr = 0
+        self._blocked = 0.0
+        self._rows: list[dict] = []
+        self._win: _Window | None = None
+        self._tasks: list = []
+        if stage.kind == "aggregate":
+            self.store = _state.AggregateState(stage.name, stage.spec, stage.key_name)
+        elif stage.kind == "stateful_map":
+            self.store = _state.StatefulMapState(stage.name, stage.func, stage.key_name)
+        else:
+            self.store = None
+
+    # -- wiring -------------------------------------------------------------------------
+    async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
+                      exchanges: dict[int, tuple]) -> str:
+        from distributed import get_worker
+
+        self.worker = get_worker()
+        self.outputs = {
+            sid: [_Channel(_Peer(self.worker, a, k), self.index, self.credits, self) for a, k in peers]
+            for sid, peers in outputs.items()
+        }
+        self.tables = tables
+        self.exchanges = exchanges     # stage id -> (exchange kind, key, key_name, stage name)
+        self._wake = asyncio.Event()
+        self.status = "ready"
+        return self.worker.address
+
+    async def start(self) -> None:
+        self.started_at = time.time()
+        self.status = "running"
+        self._win = _Window(self._window_start(self.started_at))
+        self._tasks.append(asyncio.ensure_future(self._ticker()))
+        body = self._run_source() if self.stage.is_source else self._process_loop()
+        self._tasks.append(asyncio.ensure_future(self._guard(body)))
+
+    async def _guard(self, coro) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.status == "failed":
+            return
+        self.status = "failed"
+        if not isinstance(exc, StreamlbError):
+            exc = StreamlbError(
+                f"instance {self.label} failed: {type(exc).__name__}: {exc}\n"
+                + "".join(traceback.format_exception(exc))
+            )
+        self.error = exc
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        self._abort_writers()
+
+    # -- sources --------------------------------------------------------------------------
+    async def _run_source(self) -> None:
+        st = self.stage
+        per_instance = st.rate / st.parallelism if st.rate else None
+        t0 = time.time()
+        sent = 0
+        for batch in self._source_batches():
+            n = len(batch)
+            if per_instance:
+                due = t0 + (sent + n) / per_instance
+                delay = due - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                emitted = due
+            else:
+                emitted = time.time()
+                await asyncio.sleep(0)
+            sent += n
+            self.records_out += n
+            t1 = time.perf_counter()
+            self._blocked = 0.0
+            await self._run_steps(st.children, batch, emitted)
+            self._account(n, time.perf_counter() - t1 - self._blocked, None)
+        await self._finish()
+
+    def _source_batches(self):
+        st = self.stage
+        if st.kind == "iterable_source":
+            yield from _iterable_batches(st.items, st.batch_size, st.name)
+            return
+        import pyarrow.parquet as pq
+
+        for f in st.files[self.index::st.parallelism]:
+            self.offsets[f] = 0
+            pf = pq.ParquetFile(f)
+            for rb in pf.iter_batches(batch_size=st.batch_size, columns=st.columns):
+                df = rb.to_pandas()
+                self.offsets[f] += len(df)
+                yield df
+
+    # -- receivers ------------------------------------------------------------------------
+    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame, key_groups) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        pending = self._in[sender]
+        pending[seq] = (kind, emitted, frame, key_groups, fut)
+        nxt = self._next[sender]
+        while nxt in pending:
+            self._ready.append(pending.pop(nxt))
+            nxt += 1
+        self._next[sender] = nxt
+        self._wake.set()
+        await fut
+
+    async def _process_loop(self) -> None:
+        while True:
+            while not self._ready:
+                self._wake.clear()
+                await self._wake.wait()
+            kind, emitted, frame, key_groups, fut = self._ready.popleft()
+            try:
+                if kind == "eos":
+                    self._eos += 1
+                    if self._eos == self.upstream_instances:
+                        await self._finish()
+                        return
+                else:
+                    await self._apply(frame, key_groups, emitted)
+            finally:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _apply(self, frame, key_groups, emitted) -> None:
+        st = self.stage
+        n = len(frame)
+        self._blocked = 0.0
+        t1 = time.perf_counter()
+        if st.kind == "aggregate":
+            labels = self.store.update(frame, key_groups)
+            out = self.store.frame(pd.unique(labels)) if st.children else None
+        elif st.kind == "stateful_map":
+            outs = self.store.update(frame)
+            out = pd.DataFrame({st.key_name: frame[st.key_name].to_numpy(), "output": outs}) if st.children else None
+        else:
+            out = frame
+        applied = time.time()
+        if out is not None:
+            await self._run_steps(st.children, out, emitted)
+        self.records_in += n
+        self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
+
+    # -- fused steps --------------------------------------------------------------------------
+    async def _run_steps(self, steps: list[Step], x, emitted: float) -> None:
+        for step in steps:
+            await self._run_step(step, x, emitted)
+
+    def _call_user(self, step: Step, func, *args):
+        try:
+            return func(*args, *step.args, **step.kwargs)
+        except Exception as exc:
+            first = args[0]
+            if isinstance(first, pd.DataFrame):
+                rec = f"batch of {len(first)} rows starting {first.head(1).to_dict('records')}"
+            else:
+                rec = repr(first)[:200]
+            raise UserFunctionError(
+                f"operator {self.stage.name!r}: {step.kind} function {describe(func)} raised "
+                f"{type(exc).__name__}: {exc} on {rec}",
+                operator=self.stage.name, function=describe(func), record=rec,
+            ) from exc
+
+    async def _run_step(self, step: Step, x, emitted: float) -> None:
+        k = step.kind
+        if k == "map":
+            await self._run_steps(step.children, self._call_user(step, step.func, x), emitted)
+        elif k == "starmap":
+            await self._run_steps(step.children, self._call_user(step, lambda *a, **kw: step.func(*a, **kw), *x), emitted)
+        elif k == "filter":
+            keep = self._call_user(step, step.func, x)
+            if isinstance(keep, (bool, np.bool_)):
+                if keep:
+                    await self._run_steps(step.children, x, emitted)
+            else:
+                mask = np.asarray(keep, dtype=bool)
+                if mask.shape != (len(x),):
+                    raise UserFunctionError(
+                        f"operator {self.stage.name!r}: filter predicate {describe(step.func)} returned "
+                        f"{mask.shape[0] if mask.ndim else 'a scalar'} values for a batch of {len(x)} rows; "
+                        "return one bool per row or one bool for the batch",
+                        operator=self.stage.name, function=describe(step.func),
+                    )
+                await self._run_steps(step.children, x[mask], emitted)
+        elif k == "flatten":
+            for item in x:
+                await self._run_steps(step.children, item, emitted)
+        elif k == "sink":
+            self._call_user(step, step.func, x)
+        elif k == "list_sink":
+            self._list_out[step.target].append(x)
+        elif k == "parquet_sink":
+            self._write_parquet(step.path, x)
+        elif k == "exchange":
+            await self._exchange(step.target, x, emitted)
+
+    async def _exchange(self, target: int, x, emitted: float) -> None:
+        kind, key, key_name, name = self.exchanges[target]
+        if not isinstance(x, pd.DataFrame):
+            raise PipelineError(
+                f"operator {name!r} receives {type(x).__name__} from {self.stage.name!r}; "
+                "batches crossing an exchange must be pandas DataFrames"
+            )
+        chans = self.outputs[target]
+        if kind == "round_robin":
+            if len(x):
+                await chans[self._rr % len(chans)].send("data", emitted, x)
+                self._rr += 1
+            return
+        if not len(x):
+            return
+        if isinstance(key, str):
+            if key not in x.columns:
+                from .exceptions import SchemaError
+
+                raise SchemaError(
+                    f"operator {name!r} keys by column {key!r}, which the batch from "
+                    f"{self.stage.name!r} lacks; columns: {', '.join(map(str, x.columns))}"
+                )
+            keys = x[key].to_numpy()
+        else:
+            if key_name in x.columns:
+                raise PipelineError(
+                    f"operator {name!r}: key_by({describe(key)}) would overwrite column "
+                    f"{key_name!r}; pass key_by(func, name=...) with a new column name"
+                )
+            keys = np.asarray(self._call_user(Step("key_by"), key, x))
+            if keys.shape != (len(x),):
+                raise UserFunctionError(
+                    f"operator {name!r}: key function {describe(key)} returned {keys.shape} keys "
+                    f"for a batch of {len(x)} rows; return one key per row",
+                    operator=name, function=describe(key),
+                )
+            x = x.assign(**{key_name: keys})
+        groups = assign_to_key_group(keys, self.key_groups, name=key_name)
+        dest = self.tables[target].route(groups)
+        if len(chans) == 1:
+            await chans[0].send("data", emitted, x, groups)
+            return
+        order = np.argsort(dest, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(dest, minlength=len(chans)))])
+        for i, ch in enumerate(chans):
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi > lo:
+                idx = order[lo:hi]
+                await ch.send("data", emitted, x.take(idx), groups[idx])
+
+    # -- Parquet sink ---------------------------------------------------------------------------
+    def _write_parquet(self, path: str, x) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not isinstance(x, pd.DataFrame):
+            raise PipelineError(
+                f"to_parquet({path!r}) in {self.stage.name!r} got {type(x).__name__}; it writes DataFrames"
+            )
+        table = pa.Table.from_pandas(x)
+        w = self._writers.get(path)
+        if w is None:
+            tmp = os.path.join(path, "_temporary")
+            os.makedirs(tmp, exist_ok=True)
+            fn = os.path.join(tmp, f"part-{self.stage.id:03d}-{self.index:04d}.parquet")
+            w = self._writers[path] = pq.ParquetWriter(fn, table.schema)
+            self._written[path] = fn
+        try:
+            table = table.cast(w.schema)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise PipelineError(
+                f"to_parquet({path!r}): a batch's schema {table.schema} does not match the "
+                f"first batch's {w.schema}: {exc}"
+            ) from exc
+        w.write_table(table)
+
+    def _abort_writers(self) -> None:
+        for path, w in self._writers.items():
+            try:
+                w.close()
+                os.remove(self._written[path])
+            except OSError:
+                pass
+        self._writers.clear()
+
+    # -- end of stream ---------------------------------------------------------------------------
+    async def _finish(self) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+        for chans in self.outputs.values():
+            for ch in chans:
+                await ch.send("eos", time.time(), None)
+        for chans in self.outputs.values():
+            for ch in chans:
+                await ch.drain()
+        self.finished_at = time.time()
+        self._close_window(self.finished_at)
+        self.status = "done"
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def _window_start(self, t: float) -> float:
+        return t - (t % self.window)
+
+    def _account(self, n: int, busy: float, latency_ms: float | None) -> None:
+        now = time.time()
+        if now >= self._win.start + self.window:
+            self._close_window(now)
+        w = self._win
+        w.records += n
+        w.busy += max(busy, 0.0)
+        if latency_ms is not None:
+            w.lat.append(latency_ms)
+            w.weights.append(n)
+
+    def _close_window(self, now: float) -> None:
+        w = self._win
+        if w is None:
+            return
+        lat = np.asarray(w.lat)
+        wt = np.asarray(w.weights)
+        has = len(lat) > 0 and wt.sum() > 0
+        self._rows.append({
+            "operator": self.stage.name, "instance": self.index, "worker": self.worker.address,
+            "window_start": pd.Timestamp(w.start, unit="s"), "records": w.records,
+            "busy_seconds": w.busy, "queued_batches": len(self._ready),
+            "latency_p50_ms": _weighted_quantile(lat, wt, 0.5) if has else np.nan,
+            "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
+            "latency_max_ms": float(lat.max()) if has else np.nan,
+        })
+        self._win = _Window(self._window_start(now)) if self.status != "done" else None
+
+    async def _ticker(self) -> None:
+        while True:
+            w = self._win
+            await asyncio.sleep(max(w.start + self.window - time.time(), 0.0) + 1e-3)
+            if self._win is w:
+                self._close_window(time.time())
+
+    # -- driver-facing -----------------------------------------------------------------------------
+    def poll(self) -> dict:
+        out = {k: v for k, v in self._list_out.items() if v}
+        self._list_out = collections.defaultdict(list)
+        return {
+            "status": self.status, "error": self.error, "lists": out,
+            "records_in": self.records_in, "records_out": self.records_out,
+            "started_at": self.started_at, "finished_at": self.finished_at,
+            "offsets": dict(self.offsets),
+        }
+
+    def metrics(self) -> list[dict]:
+        return list(self._rows)
+
+    def state(self) -> pd.DataFrame:
+        if self.store is None:
+            raise PipelineError(f"{self.stage.name!r} holds no keyed state")
+        return self.store.frame()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.status not in ("done", "failed"):
+            self.status = "stopped"
+            self._abort_writers()
+
+
+def _iterable_batches(items, batch_size: int, name: str):
+    """Turn the items of ``Stream.from_iterable`` into DataFrame batches."""
+    pending: list = []
+    for i, item in enumerate(items):
+        if isinstance(item, pd.DataFrame):
+            if pending:
+                yield pd.DataFrame.from_records(pending)
+                pending = []
+            yield item
+        elif isinstance(item, dict):
+            pending.append(item)
+            if len(pending) >= batch_size:
+                yield pd.DataFrame.from_records(pending)
+                pending = []
+        else:
+            raise PipelineError(
+                f"{name}: item {i} is a {type(item).__name__} ({item!r:.80}); items must be "
+                "dicts (one record each) or pandas DataFrames (one batch each)"
+            )
+    if pending:
+        yield pd.DataFrame.from_records(pending)

@@ -1,0 +1,192 @@
+"""Keyed state stores of the two stateful operators."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from pandas._libs import hashtable as _ht
+
+from .exceptions import SchemaError, UserFunctionError
+from .nodes import describe
+
+
+def _grow(arr: np.ndarray, n: int, fill) -> np.ndarray:
+    if n <= len(arr):
+        return arr
+    new = np.full(max(n, 2 * len(arr), 1024), fill, dtype=arr.dtype)
+    new[: len(arr)] = arr
+    return new
+
+
+class _KeyIndex:
+    """Stable dense slots for keys, grown incrementally (one hash table for the lifetime)."""
+
+    def __init__(self) -> None:
+        self._fact = None
+        self.keys: np.ndarray | None = None
+        self.key_groups = np.zeros(0, dtype=np.int64)
+        self.n = 0
+
+    def slots(self, keys: np.ndarray, key_groups: np.ndarray) -> np.ndarray:
+        if self._fact is None:
+            if keys.dtype.kind in "iu" and keys.dtype != np.uint64:
+                self._fact, self._dtype = _ht.Int64Factorizer(1024), np.int64
+            elif keys.dtype == np.uint64:
+                self._fact, self._dtype = _ht.UInt64Factorizer(1024), np.uint64
+            else:
+                self._fact, self._dtype = _ht.ObjectFactorizer(1024), object
+            self.keys = np.empty(0, dtype=self._dtype)
+        keys = np.ascontiguousarray(keys, dtype=self._dtype)
+        old = self.n
+        labels = self._fact.factorize(keys).astype(np.int64, copy=False)
+        n = self._fact.get_count()
+        if n > old:
+            self.keys = _grow(self.keys, n, 0 if self._dtype is not object else None)
+            self.key_groups = _grow(self.key_groups, n, -1)
+            new = np.flatnonzero(labels >= old)
+            lab, first = np.unique(labels[new], return_index=True)
+            self.keys[lab] = keys[new[first]]
+            self.key_groups[lab] = key_groups[new[first]]
+            self.n = n
+        return labels
+
+
+class AggregateState:
+    """count / sum / min / max / mean per key, updated with vectorised numpy."""
+
+    def __init__(self, operator: str, spec: dict, key_name: str) -> None:
+        self.operator = operator
+        self.spec = spec
+        self.key_name = key_name
+        self.index = _KeyIndex()
+        self.inputs = sorted({c for c, _ in spec.values()})
+        self.hows = {c: {h for cc, h in spec.values() if cc == c} for c in self.inputs}
+        self.cnt: dict[str, np.ndarray] = {}
+        self.sum: dict[str, np.ndarray] = {}
+        self.min: dict[str, np.ndarray] = {}
+        self.max: dict[str, np.ndarray] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+
+    def _column(self, frame: pd.DataFrame, c: str) -> np.ndarray:
+        if c not in frame.columns:
+            raise SchemaError(
+                f"operator {self.operator!r} needs column {c!r}; the batch has columns "
+                f"{', '.join(map(str, frame.columns))}"
+            )
+        arr = frame[c].to_numpy()
+        if self.hows[c] - {"count"} and arr.dtype.kind not in "iufb":
+            raise SchemaError(
+                f"operator {self.operator!r}: column {c!r} has dtype {arr.dtype}; "
+                f"{'/'.join(sorted(self.hows[c] - {'count'}))} need a numeric column"
+            )
+        return arr
+
+    def _init(self, c: str, arr: np.ndarray) -> None:
+        kind = arr.dtype.kind
+        dt = np.dtype(np.int64) if kind in "iub" else np.dtype(np.float64)
+        self.dtypes[c] = dt
+        self.cnt[c] = np.zeros(0, np.int64)
+        self.sum[c] = np.zeros(0, dt)
+        if "min" in self.hows[c]:
+            self.min[c] = np.zeros(0, dt)
+        if "max" in self.hows[c]:
+            self.max[c] = np.zeros(0, dt)
+
+    def update(self, frame: pd.DataFrame, key_groups: np.ndarray) -> np.ndarray:
+        """Apply one batch; return the slots it touched (labels per row)."""
+        cols = {c: self._column(frame, c) for c in self.inputs}
+        labels = self.index.slots(frame[self.key_name].to_numpy(), key_groups)
+        n = self.index.n
+        for c, arr in cols.items():
+            if c not in self.dtypes:
+                self._init(c, arr)
+            dt = self.dtypes[c]
+            self.cnt[c] = cnt = _grow(self.cnt[c], n, 0)
+            if arr.dtype.kind == "f":
+                valid = ~np.isnan(arr)
+                lab, vals = (labels, arr) if valid.all() else (labels[valid], arr[valid])
+            elif arr.dtype.kind in "iub":
+                lab, vals = labels, arr.astype(dt, copy=False)
+            else:
+                valid = ~pd.isna(arr)
+                lab, vals = labels[valid], None
+            cnt += np.bincount(lab, minlength=len(cnt))[: len(cnt)]
+            if vals is None:
+                continue
+            if self.hows[c] & {"sum", "mean"}:
+                self.sum[c] = s = _grow(self.sum[c], n, 0)
+                np.add.at(s, lab, vals)
+            if c in self.min:
+                big = np.inf if dt.kind == "f" else np.iinfo(dt).max
+                self.min[c] = m = _grow(self.min[c], n, big)
+                np.minimum.at(m, lab, vals)
+            if c in self.max:
+                small = -np.inf if dt.kind == "f" else np.iinfo(dt).min
+                self.max[c] = m = _grow(self.max[c], n, small)
+                np.maximum.at(m, lab, vals)
+        return labels
+
+    def frame(self, slots: np.ndarray | None = None) -> pd.DataFrame:
+        """State as a DataFrame indexed by key; only ``slots`` if given."""
+        n = self.index.n
+        sel = slice(0, n) if slots is None else slots
+        keys = self.index.keys[:n][sel] if self.index.keys is not None else np.empty(0, np.int64)
+        out = {}
+        for name, (c, how) in self.spec.items():
+            if c not in self.dtypes:
+                out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
+                continue
+            cnt = self.cnt[c][:n][sel]
+            if how == "count":
+                out[name] = cnt.copy()
+            elif how == "sum":
+                out[name] = _grow(self.sum[c], n, 0)[:n][sel].copy()
+            elif how == "mean":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out[name] = _grow(self.sum[c], n, 0)[:n][sel] / np.where(cnt == 0, np.nan, cnt)
+            else:
+                v = getattr(self, how)[c][:n][sel]
+                out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v.copy()
+        return pd.DataFrame(out, index=pd.Index(keys, name=self.key_name))
+
+
+class StatefulMapState:
+    """Per-key Python state driven by ``func(state, record) -> (state, output)``."""
+
+    def __init__(self, operator: str, func, key_name: str) -> None:
+        self.operator = operator
+        self.func = func
+        self.key_name = key_name
+        self.states: dict = {}
+
+    def update(self, frame: pd.DataFrame) -> list:
+        cols = [str(c) for c in frame.columns]
+        if self.key_name not in frame.columns:
+            raise SchemaError(
+                f"operator {self.operator!r} needs key column {self.key_name!r}; the batch has "
+                f"columns {', '.join(cols)}"
+            )
+        keys = frame[self.key_name].tolist()
+        rows = zip(*[frame[c].tolist() for c in frame.columns])
+        states, func = self.states, self.func
+        outs: list = []
+        append = outs.append
+        i = -1
+        try:
+            for i, (k, row) in enumerate(zip(keys, rows)):
+                st, out = func(states.get(k), dict(zip(cols, row)))
+                states[k] = st
+                append(out)
+        except Exception as exc:
+            record = frame.iloc[i].to_dict() if 0 <= i < len(frame) else None
+            raise UserFunctionError(
+                f"operator {self.operator!r}: function {describe(func)} raised "
+                f"{type(exc).__name__}: {exc} on record {record!r}",
+                operator=self.operator, function=describe(func), record=record,
+            ) from exc
+        return outs
+
+    def frame(self) -> pd.DataFrame:
+        keys = list(self.states)
+        return pd.DataFrame(
+            {"state": pd.Series(list(self.states.values()), dtype=object)},
+        ).set_axis(pd.Index(keys, name=self.key_name))

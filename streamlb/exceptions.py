@@ -1,0 +1,74 @@
+"""One exception hierarchy for streamlb.
+
+Every message names the thing involved (operator, column, key group, file, address) and says
+what would be valid.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "StreamlbError",
+    "PipelineError",
+    "SchemaError",
+    "KeyTypeError",
+    "UnpicklableFunctionError",
+    "InputPathError",
+    "SchedulerUnreachableError",
+    "JavaNotFoundError",
+    "UserFunctionError",
+    "JobFailedError",
+]
+
+
+class StreamlbError(Exception):
+    """Base class of every error streamlb raises on purpose."""
+
+
+class PipelineError(StreamlbError, ValueError):
+    """The streamz graph cannot be planned (unsupported node, bad spec, bad wiring)."""
+
+
+class SchemaError(StreamlbError, KeyError):
+    """A column the pipeline needs is not in the data."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class KeyTypeError(StreamlbError, TypeError):
+    """A key has a type the stable hash cannot take."""
+
+
+class UnpicklableFunctionError(StreamlbError, TypeError):
+    """A user function cannot be sent to the workers."""
+
+
+class InputPathError(StreamlbError, FileNotFoundError):
+    """An input path is absent or holds no data files."""
+
+
+class SchedulerUnreachableError(StreamlbError, OSError):
+    """No Dask scheduler answered at the given address."""
+
+
+class JavaNotFoundError(StreamlbError, RuntimeError):
+    """PySpark needs a Java runtime (17 or newer) and none was found."""
+
+
+class UserFunctionError(StreamlbError, RuntimeError):
+    """A user function raised while processing a record.
+
+    Attributes name the operator, the function and the offending record.
+    """
+
+    def __init__(self, message: str, operator: str = "", function: str = "", record: object = None):
+        super().__init__(message)
+        self.operator = operator
+        self.function = function
+        self.record = record
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.operator, self.function, self.record))
+
+
+class JobFailedError(StreamlbError, RuntimeError):
+    """The job stopped because an instance failed; the cause is chained."""

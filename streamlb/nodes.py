@@ -1,0 +1,208 @@
+"""streamlb's nodes on ``streamz.Stream``.
+
+Between nodes, elements are micro-batches: pandas DataFrames. Plain streamz nodes placed
+between streamlb nodes (``map``, ``starmap``, ``filter``, ``flatten``, ``sink``) apply to each
+batch and are fused into the stage they sit in. These nodes describe a pipeline;
+:func:`streamlb.run` plans and runs it on a Dask cluster.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from streamz import Sink, Source, Stream
+
+from .exceptions import PipelineError
+
+__all__ = ["from_parquet", "key_by", "aggregate", "stateful_map", "rebalance", "to_parquet"]
+
+AGGREGATIONS = ("count", "sum", "min", "max", "mean")
+
+
+def _check_parallelism(parallelism: int | None, what: str) -> None:
+    if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+        raise PipelineError(f"{what}: parallelism must be a positive integer or None, got {parallelism!r}")
+
+
+def _check_name(name: str | None, what: str) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise PipelineError(f"{what}: name must be a non-empty string, got {name!r}")
+
+
+class _Described(Stream):
+    """A node that only describes a step: it runs under :func:`streamlb.run`."""
+
+    def update(self, x, who=None, metadata=None):
+        raise PipelineError(
+            f"{type(self).__name__} runs on a Dask cluster: pass the pipeline to "
+            "streamlb.run(...) instead of emitting into it"
+        )
+
+
+@Stream.register_api(staticmethod)
+class from_parquet(Source):
+    """Partitioned Parquet source: each instance owns whole files, read in order.
+
+    Parameters
+    ----------
+    path : str
+        A Parquet file or a directory searched recursively for ``*.parquet`` files.
+    rate : float, optional
+        Records per second, all instances together: emit open-loop at this fixed rate
+        (for latency measurements). None reads as fast as the job takes data.
+    batch_size : int, optional
+        Rows per micro-batch (default: setting ``streamlb.batch-size``).
+    parallelism : int, optional
+        Source instances (default: one per worker, at most one per file).
+    columns : list of str, optional
+        Columns to read (default all).
+
+    Examples
+    --------
+    >>> from streamz import Stream
+    >>> src = Stream.from_parquet("data/zipf", batch_size=10_000)
+    >>> counts = src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
+    """
+
+    def __init__(self, path, rate=None, batch_size=None, parallelism=None, columns=None, **kwargs):
+        if rate is not None and not rate > 0:
+            raise PipelineError(f"from_parquet({path!r}): rate must be > 0 records/s, got {rate!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise PipelineError(
+                f"from_parquet({path!r}): batch_size must be a positive integer, got {batch_size!r}"
+            )
+        _check_parallelism(parallelism, f"from_parquet({path!r})")
+        self.path = str(path)
+        self.rate = rate
+        self.batch_size = batch_size
+        self.parallelism = parallelism
+        self.columns = list(columns) if columns is not None else None
+        super().__init__(**kwargs)
+
+    async def run(self):
+        raise PipelineError("from_parquet runs on a Dask cluster: use streamlb.run(...)")
+
+
+@Stream.register_api()
+class key_by(_Described):
+    """Keyed exchange: route each row to the instance owning its key group.
+
+    Parameters
+    ----------
+    key : str or callable
+        A column name, or a function of the batch (DataFrame) returning one key per row.
+    name : str, optional
+        Column that holds the keys a function returns (default ``"key"``).
+
+    Examples
+    --------
+    >>> from streamz import Stream
+    >>> s = Stream.from_iterable([{"word": "a"}, {"word": "b"}])
+    >>> s.key_by("word").aggregate({"n": ("word", "count")})  # doctest: +ELLIPSIS
+    <aggregate...>
+    """
+
+    def __init__(self, upstream, key, name=None, **kwargs):
+        if not (isinstance(key, str) or callable(key)):
+            raise PipelineError(f"key_by: key must be a column name or a function, got {key!r}")
+        _check_name(name, "key_by")
+        self.key = key
+        self.key_name = key if isinstance(key, str) else (name or "key")
+        super().__init__(upstream, **kwargs)
+
+
+@Stream.register_api()
+class aggregate(_Described):
+    """Vectorised keyed aggregation, as pandas named aggregation.
+
+    Parameters
+    ----------
+    spec : mapping
+        Output column → ``(input column, how)``, how in count, sum, min, max, mean.
+    parallelism : int, optional
+        Instances (default: setting ``streamlb.parallelism``, else one per worker).
+    name : str, optional
+        Operator name for ``Job.state(name)`` and metrics (default ``"aggregate"``).
+
+    Emits, per batch applied, a DataFrame indexed by key with the current value of every
+    aggregate for the keys that batch touched (an update stream).
+    """
+
+    def __init__(self, upstream, spec, parallelism=None, name=None, **kwargs):
+        what = f"aggregate {name!r}" if name else "aggregate"
+        if not isinstance(spec, Mapping) or not spec:
+            raise PipelineError(
+                f"{what}: spec must be a non-empty mapping of output column to "
+                f"(input column, how), got {spec!r}"
+            )
+        clean = {}
+        for out, item in spec.items():
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise PipelineError(
+                    f"{what}: spec[{out!r}] must be a pair (input column, how), got {item!r}"
+                )
+            if item[1] not in AGGREGATIONS:
+                raise PipelineError(
+                    f"{what}: spec[{out!r}] asks for {item[1]!r}; valid aggregations are "
+                    f"{', '.join(AGGREGATIONS)}"
+                )
+            clean[str(out)] = (item[0], item[1])
+        _check_parallelism(parallelism, what)
+        _check_name(name, "aggregate")
+        self.spec = clean
+        self.parallelism = parallelism
+        self.op_name = name
+        super().__init__(upstream, **kwargs)
+
+
+@Stream.register_api()
+class stateful_map(_Described):
+    """Per-record function with per-key state.
+
+    ``func(state, record) -> (state, output)``; ``state`` is None for a key's first record and
+    ``record`` is a dict of column name to value. State must be picklable. Emits a DataFrame
+    with the key column and an ``output`` column, one row per record, in per-key order.
+    """
+
+    def __init__(self, upstream, func, parallelism=None, name=None, **kwargs):
+        if not callable(func):
+            raise PipelineError(f"stateful_map: func must be callable, got {func!r}")
+        _check_parallelism(parallelism, "stateful_map")
+        _check_name(name, "stateful_map")
+        self.func = func
+        self.parallelism = parallelism
+        self.op_name = name
+        super().__init__(upstream, **kwargs)
+
+
+@Stream.register_api()
+class rebalance(_Described):
+    """Round-robin exchange: batches go to the next stage's instances in turn."""
+
+    def __init__(self, upstream, parallelism=None, **kwargs):
+        _check_parallelism(parallelism, "rebalance")
+        self.parallelism = parallelism
+        super().__init__(upstream, **kwargs)
+
+
+@Stream.register_api()
+class to_parquet(Sink):
+    """Write every batch to partitioned Parquet under ``path``.
+
+    Each instance writes its own ``part-<stage>-<instance>.parquet``. Files appear only when
+    the job completes, followed by a ``_SUCCESS`` marker; a failed job leaves neither.
+    """
+
+    def __init__(self, upstream, path, **kwargs):
+        self.path = str(path)
+        super().__init__(upstream, **kwargs)
+
+    def update(self, x, who=None, metadata=None):
+        raise PipelineError("to_parquet runs on a Dask cluster: use streamlb.run(...)")
+
+
+def describe(func: Callable[..., Any]) -> str:
+    """A readable name for a user function, for error messages."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module and module != "builtins" else name

@@ -1,0 +1,314 @@
+"""Cut a streamz graph into stages at exchanges; check it before anything starts."""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import pandas as pd
+from streamz import Stream
+from streamz import core as sz
+from streamz import sinks as sz_sinks
+from streamz import sources as sz_sources
+
+from . import nodes
+from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError, UnpicklableFunctionError
+from .nodes import describe
+
+__all__ = ["Plan", "Stage", "Step", "plan"]
+
+SUPPORTED = "from_parquet, from_iterable, key_by, aggregate, stateful_map, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet"
+
+
+@dataclass
+class Step:
+    """One node fused into a stage. ``kind`` is map, starmap, filter, flatten, sink,
+    list_sink, parquet_sink or exchange; ``children`` get what it emits."""
+
+    kind: str
+    func: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    target: int = -1            # exchange: downstream stage id; list_sink: sink id
+    path: str = ""              # parquet_sink
+    children: list = field(default_factory=list)
+
+
+@dataclass
+class Stage:
+    """Operators fused between two exchanges, run as ``parallelism`` instances."""
+
+    id: int
+    name: str
+    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, rebalance
+    parallelism: int = 1
+    upstream: int | None = None
+    exchange: str = ""          # how records arrive: keyed or round_robin
+    key: Any = None             # keyed: column name or function
+    key_name: str = "key"
+    spec: dict = field(default_factory=dict)      # aggregate
+    func: Any = None                              # stateful_map
+    files: list = field(default_factory=list)     # parquet_source
+    items: list = field(default_factory=list)     # iterable_source
+    rate: float | None = None
+    batch_size: int = 65536
+    columns: list | None = None
+    total_rows: int = 0
+    children: list = field(default_factory=list)
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind.endswith("_source")
+
+
+@dataclass
+class Plan:
+    stages: list[Stage]
+    list_sinks: dict[int, list]     # sink id -> the user's list in the driver
+    parquet_paths: list[str]
+
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        names = [s.name for s in self.stages if not s.is_source]
+        raise KeyError(f"no operator named {name!r}; operators in this job: {', '.join(names)}")
+
+
+def _graph(node: Stream) -> list[Stream]:
+    seen: dict[int, Stream] = {}
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        todo.extend(u for u in n.upstreams if u is not None)
+        todo.extend(d for d in n.downstreams if d is not None)
+    return list(seen.values())
+
+
+def _check_picklable(func, operator: str) -> None:
+    try:
+        cloudpickle.dumps(func)
+    except Exception as exc:
+        raise UnpicklableFunctionError(
+            f"operator {operator!r}: function {describe(func)} cannot be pickled to send it "
+            f"to the workers ({type(exc).__name__}: {exc}); use a module-level function or a "
+            "lambda that captures only picklable values"
+        ) from exc
+
+
+def parquet_files(path: str) -> list[str]:
+    """Data files of a Parquet input path, sorted; raise InputPathError naming the path."""
+    if not os.path.exists(path):
+        raise InputPathError(f"input path {path!r} does not exist; give a Parquet file or a directory of them")
+    if os.path.isfile(path):
+        return [path]
+    files = sorted(
+        f for f in glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True)
+        if not any(part.startswith(("_", ".")) for part in os.path.relpath(f, path).split(os.sep))
+    )
+    if not files:
+        raise InputPathError(f"input path {path!r} holds no *.parquet files")
+    return files
+
+
+def _row_count(files: list[str]) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+class _Planner:
+    def __init__(self, workers: int, key_groups: int, batch_size: int, parallelism: int | None):
+        self.workers = workers
+        self.key_groups = key_groups
+        self.batch_size = batch_size
+        self.parallelism = parallelism
+        self.stages: list[Stage] = []
+        self.list_sinks: dict[int, list] = {}
+        self.parquet_paths: list[str] = []
+        self.names: set[str] = set()
+
+    def default_parallelism(self, asked: int | None) -> int:
+        return asked or self.parallelism or self.workers
+
+    def new_stage(self, **kw) -> Stage:
+        st = Stage(id=len(self.stages), **kw)
+        self.stages.append(st)
+        return st
+
+    def unique_name(self, asked: str | None, default: str) -> str:
+        if asked is not None:
+            if asked in self.names:
+                raise PipelineError(f"two operators are named {asked!r}; operator names must be unique in a job")
+            self.names.add(asked)
+            return asked
+        name, i = default, 1
+        while name in self.names:
+            name, i = f"{default}-{i}", i + 1
+        self.names.add(name)
+        return name
+
+    def source(self, n: Stream) -> None:
+        if isinstance(n, nodes.from_parquet):
+            files = parquet_files(n.path)
+            par = min(n.parallelism or self.workers, len(files))
+            st = self.new_stage(
+                name=self.unique_name(None, f"from_parquet({os.path.basename(n.path.rstrip(os.sep))})"),
+                kind="parquet_source", parallelism=par, files=files, rate=n.rate,
+                batch_size=n.batch_size or self.batch_size, columns=n.columns,
+                total_rows=_row_count(files),
+            )
+        elif isinstance(n, sz_sources.from_iterable):
+            items = list(n._iterable)
+            for i, item in enumerate(items):
+                if not isinstance(item, (dict, pd.DataFrame)):
+                    raise PipelineError(
+                        f"from_iterable: item {i} is a {type(item).__name__} ({item!r:.80}); items "
+                        "must be dicts (one record each) or pandas DataFrames (one batch each)"
+                    )
+            st = self.new_stage(
+                name=self.unique_name(None, "from_iterable"), kind="iterable_source",
+                parallelism=1, items=items, batch_size=self.batch_size,
+                total_rows=sum(len(x) if isinstance(x, pd.DataFrame) else 1 for x in items),
+            )
+        else:
+            raise PipelineError(
+                f"node {n} has no upstream but is not a streamlb source; sources are "
+                "Stream.from_parquet(...) and Stream.from_iterable(...)"
+            )
+        st.children = self.children(n, st)
+
+    def children(self, n: Stream, stage: Stage) -> list[Step]:
+        return [self.step(d, stage) for d in n.downstreams if d is not None]
+
+    def step(self, n: Stream, stage: Stage) -> Step:
+        if len([u for u in n.upstreams if u is not None]) > 1:
+            raise PipelineError(
+                f"node {n} joins several streams; streamlb supports one upstream per node "
+                f"(supported nodes: {SUPPORTED})"
+            )
+        if isinstance(n, nodes.key_by):
+            return self.keyed(n, stage)
+        if isinstance(n, nodes.rebalance):
+            st = self.new_stage(
+                name=self.unique_name(None, "rebalance"), kind="rebalance",
+                parallelism=self.default_parallelism(n.parallelism), upstream=stage.id,
+                exchange="round_robin",
+            )
+            st.children = self.children(n, st)
+            return Step("exchange", target=st.id)
+        if isinstance(n, (nodes.aggregate, nodes.stateful_map)):
+            label = f"{type(n).__name__} {n.op_name!r}" if n.op_name else type(n).__name__
+            raise PipelineError(f"{label} needs a keyed input: put .key_by(column) right before it")
+        if isinstance(n, nodes.to_parquet):
+            self.parquet_paths.append(n.path)
+            return Step("parquet_sink", path=n.path)
+        if isinstance(n, sz_sinks.sink):
+            owner = getattr(n.func, "__self__", None)
+            if isinstance(owner, list) and getattr(n.func, "__name__", "") == "append":
+                sid = len(self.list_sinks)
+                self.list_sinks[sid] = owner
+                return Step("list_sink", target=sid)
+            _check_picklable(n.func, stage.name)
+            return Step("sink", func=n.func, args=n.args, kwargs=n.kwargs)
+        if isinstance(n, sz.flatten):
+            return Step("flatten", children=self.children(n, stage))
+        for cls, kind, attr in ((sz.map, "map", "func"), (sz.starmap, "starmap", "func"),
+                                (sz.filter, "filter", "predicate")):
+            if type(n) is cls:
+                func = getattr(n, attr)
+                _check_picklable(func, stage.name)
+                return Step(kind, func=func, args=tuple(n.args), kwargs=dict(n.kwargs),
+                            children=self.children(n, stage))
+        raise PipelineError(f"node {type(n).__name__} is not supported by streamlb; supported nodes: {SUPPORTED}")
+
+    def keyed(self, kb: nodes.key_by, stage: Stage) -> Step:
+        downs = [d for d in kb.downstreams if d is not None]
+        if len(downs) != 1 or not isinstance(downs[0], (nodes.aggregate, nodes.stateful_map)):
+            raise PipelineError(
+                f"key_by({kb.key_name!r}) must be followed by exactly one aggregate or stateful_map, "
+                f"found {[type(d).__name__ for d in downs]}"
+            )
+        op = downs[0]
+        kind = type(op).__name__
+        name = self.unique_name(op.op_name, kind)
+        if callable(kb.key):
+            _check_picklable(kb.key, name)
+        if kind == "stateful_map":
+            _check_picklable(op.func, name)
+        st = self.new_stage(
+            name=name, kind=kind, parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
+            upstream=stage.id, exchange="keyed", key=kb.key, key_name=kb.key_name,
+            spec=getattr(op, "spec", {}), func=getattr(op, "func", None),
+        )
+        st.children = self.children(op, st)
+        return Step("exchange", target=st.id)
+
+
+def _check_columns(plan: Plan) -> None:
+    """Check key and aggregate columns against Parquet schemas where nothing reshapes the batch."""
+    import pyarrow.parquet as pq
+
+    by_id = {s.id: s for s in plan.stages}
+    for src in plan.stages:
+        if src.kind != "parquet_source":
+            continue
+        schema = pq.read_schema(src.files[0])
+        cols = {f.name: f.type for f in schema}
+        if src.columns:
+            missing = [c for c in src.columns if c not in cols]
+            if missing:
+                raise SchemaError(
+                    f"from_parquet: column {missing[0]!r} is not in {src.files[0]!r}; "
+                    f"columns there: {', '.join(cols)}"
+                )
+            cols = {c: cols[c] for c in src.columns}
+        todo = [s for s in src.children]
+        while todo:
+            step = todo.pop()
+            if step.kind == "filter":
+                todo.extend(step.children)
+            if step.kind != "exchange":
+                continue
+            st = by_id[step.target]
+            if st.exchange != "keyed":
+                continue
+            needed = ([st.key] if isinstance(st.key, str) else []) + [c for c, _ in st.spec.values()]
+            for c in needed:
+                if c not in cols:
+                    raise SchemaError(
+                        f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}; "
+                        f"columns there: {', '.join(cols)}"
+                    )
+            if isinstance(st.key, str):
+                t = cols[st.key]
+                import pyarrow.types as pt
+
+                if not (pt.is_integer(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)):
+                    raise KeyTypeError(
+                        f"operator {st.name!r}: key column {st.key!r} has type {t}, which the "
+                        "key-group hash cannot take; valid key types are integers, booleans and strings"
+                    )
+
+
+def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
+         parallelism: int | None = None) -> Plan:
+    """Plan the whole graph ``node`` belongs to."""
+    if not isinstance(node, Stream):
+        raise PipelineError(f"streamlb.run needs a streamz node, got {type(node).__name__}")
+    p = _Planner(workers, key_groups, batch_size, parallelism)
+    roots = [n for n in _graph(node) if not [u for u in n.upstreams if u is not None]]
+    for r in sorted(roots, key=lambda r: str(r)):
+        p.source(r)
+    if not any(not s.is_source for s in p.stages) and not any(
+        s.children for s in p.stages
+    ):
+        raise PipelineError("the pipeline has a source but no operator or sink after it")
+    result = Plan(p.stages, p.list_sinks, p.parquet_paths)
+    _check_columns(result)
+    return result

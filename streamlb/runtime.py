@@ -1,0 +1,307 @@
+"""``run``: plan a streamz graph, place its instances as Dask actors, and the ``Job`` handle."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from typing import Any
+
+import pandas as pd
+
+from . import config
+from .exceptions import JobFailedError, PipelineError, SchedulerUnreachableError, StreamlbError
+from .planner import Plan, plan
+from .routing import RoutingTable
+
+__all__ = ["run", "Job", "METRIC_COLUMNS"]
+
+METRIC_COLUMNS = [
+    "operator", "instance", "worker", "window_start", "records", "busy_seconds",
+    "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms",
+]
+
+
+def _connect(address: str | None, n_workers: int | None):
+    from distributed import Client, LocalCluster
+
+    if address is None:
+        cluster = LocalCluster(
+            n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
+            processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
+        )
+        return Client(cluster), cluster
+    timeout = config.seconds("connect-timeout")
+    try:
+        client = Client(address, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        raise SchedulerUnreachableError(
+            f"no Dask scheduler answered at {address!r} within {timeout:g}s ({exc}); start one "
+            "with `dask scheduler` and `dask worker <address>`, or pass address=None for an "
+            "embedded local cluster"
+        ) from exc
+    if n_workers:
+        client.wait_for_workers(n_workers, timeout=timeout)
+    return client, None
+
+
+def run(node, address: str | None = None, n_workers: int | None = None, *,
+        key_groups: int | None = None, batch_size: int | None = None,
+        parallelism: int | None = None, window: Any = None, credits: int | None = None,
+        client=None) -> Job:
+    """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
+
+    Parameters
+    ----------
+    node : streamz.Stream
+        Any node of the pipeline (the whole connected graph runs).
+    address : str, optional
+        Scheduler of an existing cluster. None starts an embedded ``LocalCluster`` with
+        ``n_workers`` worker processes (default: number of cores, at most 4).
+    n_workers : int, optional
+        With ``address``, wait until that many workers joined.
+    key_groups, batch_size, parallelism, window, credits : optional
+        Override the settings ``streamlb.key-groups``, ``batch-size``, ``parallelism``,
+        ``window`` and ``channel.credits``.
+    client : distributed.Client, optional
+        Use this client (and its cluster) instead of ``address``.
+
+    Returns
+    -------
+    Job
+        The job is already running: call ``job.wait()``.
+    """
+    from .keygroups import check_key_groups
+
+    G = config.get("key-groups", key_groups)
+    check_key_groups(G)
+    bs = config.get("batch-size", batch_size)
+    win = config.seconds("window", window)
+    cr = config.get("channel.credits", credits)
+    if client is not None:
+        cluster = None
+        owned = False
+    else:
+        owned = True
+        client, cluster = _connect(address, n_workers)
+    try:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if not workers:
+            raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
+        p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,
+                 parallelism=config.get("parallelism", parallelism))
+        return Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned)
+    except BaseException:
+        if owned:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        raise
+
+
+class Job:
+    """A running pipeline."""
+
+    def __init__(self, plan: Plan, client, cluster, workers: list[str], key_groups: int,
+                 window: float, credits: int, owns_client: bool = True) -> None:
+        from ._instance import Instance
+
+        self.plan = plan
+        self.client = client
+        self.cluster = cluster
+        self.key_groups = key_groups
+        self.id = uuid.uuid4().hex[:8]
+        self._owns_client = owns_client
+        self._closed = False
+        self.status = "running"
+        self.error: BaseException | None = None
+        self._last: list[dict] = []
+        by_id = {s.id: s for s in plan.stages}
+        ups = {s.id: by_id[s.upstream].parallelism if s.upstream is not None else 0 for s in plan.stages}
+        futures = {}
+        for st in plan.stages:
+            for i in range(st.parallelism):
+                w = workers[(i + st.id) % len(workers)]
+                futures[(st.id, i)] = client.submit(
+                    Instance, st, i, ups[st.id], job=self.id, key_groups=key_groups,
+                    window=window, credits=credits, actor=True, workers=[w],
+                    allow_other_workers=False, pure=False, key=f"streamlb-{self.id}-{st.id}-{i}",
+                )
+        self._futures = futures  # actors referenced only by actors would be collected
+        self.actors = {k: f.result() for k, f in futures.items()}
+        self.tables = {
+            st.id: RoutingTable.initial(key_groups, st.parallelism)
+            for st in plan.stages if st.exchange == "keyed"
+        }
+        exchanges = {
+            st.id: (st.exchange, st.key, st.key_name, st.name)
+            for st in plan.stages if not st.is_source
+        }
+        peers = {
+            st.id: [(self.actors[(st.id, i)]._address, self.actors[(st.id, i)].key)
+                    for i in range(st.parallelism)]
+            for st in plan.stages
+        }
+        downstream = {st.id: [d.id for d in plan.stages if d.upstream == st.id] for st in plan.stages}
+        calls = []
+        for (sid, i), a in self.actors.items():
+            outs = {d: peers[d] for d in downstream[sid]}
+            calls.append(a.connect(outs, {d: self.tables[d] for d in outs if d in self.tables}, exchanges))
+        self.workers_of = dict(zip(self.actors, [c.result() for c in calls]))
+        order = sorted(self.actors, key=lambda k: by_id[k[0]].is_source)
+        for c in [self.actors[k].start() for k in order]:
+            c.result()
+        self.started_at = time.time()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _poll(self) -> list[dict]:
+        futs = [(k, a.poll()) for k, a in self.actors.items()]
+        out = []
+        for k, f in futs:
+            try:
+                r = f.result()
+            except Exception as exc:
+                st = self.plan.stages[k[0]]
+                raise JobFailedError(
+                    f"instance {st.name}[{k[1]}] on {self.workers_of.get(k)} is unreachable: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            r["key"] = k
+            out.append(r)
+        for r in out:
+            for sid, items in r["lists"].items():
+                self.plan.list_sinks[sid].extend(items)
+        self._last = out
+        return out
+
+    def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
+        """Block until every instance finished; raise the first failure.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds; raise ``TimeoutError`` (the job keeps running) when exceeded.
+        progress : bool
+            Show a progress bar of source records.
+        """
+        if self.status == "done":
+            return self
+        if self.error is not None:
+            raise self.error
+        deadline = None if timeout is None else time.time() + timeout
+        interval = config.seconds("poll-interval")
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            total = sum(s.total_rows for s in self.plan.stages if s.is_source) or None
+            bar = tqdm(total=total, unit="rec", unit_scale=True, desc="records")
+        try:
+            while True:
+                rows = self._poll()
+                failed = [r for r in rows if r["status"] == "failed"]
+                if failed:
+                    self._on_failure(failed[0]["error"])
+                if bar is not None:
+                    bar.n = sum(r["records_out"] for r in rows if self.plan.stages[r["key"][0]].is_source)
+                    bar.refresh()
+                if all(r["status"] == "done" for r in rows):
+                    break
+                if any(r["status"] == "stopped" for r in rows):
+                    raise JobFailedError(f"job {self.id} was stopped before it finished")
+                if deadline is not None and time.time() > deadline:
+                    raise TimeoutError(f"job {self.id} still running after {timeout}s")
+                time.sleep(interval)
+        finally:
+            if bar is not None:
+                bar.close()
+        self._commit_parquet()
+        self.status = "done"
+        return self
+
+    def _on_failure(self, err: BaseException) -> None:
+        self.status = "failed"
+        self.error = err
+        for a in self.actors.values():
+            try:
+                a.stop().result(timeout=10)
+            except Exception:
+                pass
+        for path in self.plan.parquet_paths:
+            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
+        raise err
+
+    def _commit_parquet(self) -> None:
+        for path in self.plan.parquet_paths:
+            tmp = os.path.join(path, "_temporary")
+            os.makedirs(path, exist_ok=True)
+            if os.path.isdir(tmp):
+                for fn in sorted(os.listdir(tmp)):
+                    os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
+                os.rmdir(tmp)
+            open(os.path.join(path, "_SUCCESS"), "w").close()
+
+    def stop(self) -> None:
+        """Stop every instance and release the cluster if ``run`` started it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.status == "running":
+            for a in self.actors.values():
+                try:
+                    a.stop().result(timeout=10)
+                except Exception:
+                    pass
+            self.status = "stopped"
+        self.actors.clear()
+        self._futures.clear()
+        if self._owns_client:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+    close = stop
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- results ---------------------------------------------------------------------------------
+    def _stage_actors(self, name: str):
+        st = self.plan.stage(name)
+        return st, [self.actors[(st.id, i)] for i in range(st.parallelism)]
+
+    def state(self, operator: str) -> pd.DataFrame:
+        """Keyed state of ``operator``: a DataFrame indexed by key, sorted by key."""
+        st, actors = self._stage_actors(operator)
+        if st.kind not in ("aggregate", "stateful_map"):
+            raise PipelineError(f"operator {operator!r} is a {st.kind} and holds no keyed state")
+        parts = [f.result() for f in [a.state() for a in actors]]
+        return pd.concat(parts).sort_index()
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per instance per load window (see ``METRIC_COLUMNS``)."""
+        rows = [r for f in [a.metrics() for a in self.actors.values()] for r in f.result()]
+        return pd.DataFrame(rows, columns=METRIC_COLUMNS)
+
+    def summary(self) -> dict:
+        """Records read, wall seconds from the first source start to the last finish,
+        and records/s."""
+        rows = self._last or self._poll()
+        src = [r for r in rows if self.plan.stages[r["key"][0]].is_source]
+        records = sum(r["records_out"] for r in src)
+        starts = [r["started_at"] for r in src if r["started_at"]]
+        ends = [r["finished_at"] for r in rows if r["finished_at"]]
+        elapsed = (max(ends) - min(starts)) if starts and ends else float("nan")
+        return {"records": records, "seconds": elapsed, "records_per_second": records / elapsed if elapsed else float("nan")}
+
+    def offsets(self) -> dict[str, int]:
+        """Rows read so far from each source file."""
+        rows = self._poll() if self.status == "running" else self._last
+        out: dict[str, int] = {}
+        for r in rows:
+            out.update(r["offsets"])
+        return out
