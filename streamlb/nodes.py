@@ -29,8 +29,27 @@ def _check_name(name: str | None, what: str) -> None:
         raise PipelineError(f"{what}: name must be a non-empty string, got {name!r}")
 
 
+def _keep_alive(node: Stream) -> None:
+    """Let the sources hold ``node``: streamz links downstream nodes only weakly, and an
+    aggregate is often the end of a pipeline with no sink to keep it."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        ups = [u for u in n.upstreams if u is not None]
+        if not ups and n is not node:
+            n.__dict__.setdefault("_streamlb_keep", []).append(node)
+        todo.extend(ups)
+
+
 class _Described(Stream):
     """A node that only describes a step: it runs under :func:`streamlb.run`."""
+
+    def __init__(self, upstream, **kwargs):
+        super().__init__(upstream, **kwargs)
+        _keep_alive(self)
 
     def update(self, x, who=None, metadata=None):
         raise PipelineError(
