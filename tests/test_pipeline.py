@@ -1,0 +1,112 @@
+"""End-to-end exactness on a real LocalCluster (1 and 2 worker processes) over PySpark data."""
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+
+pytestmark = pytest.mark.spark
+
+SPEC = {"count": ("value", "count"), "sum": ("value", "sum"), "min": ("value", "min"),
+        "max": ("value", "max"), "mean": ("value", "mean")}
+
+
+def running_count(state, record):
+    n = (state or 0) + 1
+    return n, (n, record["value"])
+
+
+def check_aggregate(state: pd.DataFrame, frame: pd.DataFrame) -> None:
+    truth = frame.groupby("key").agg(**SPEC)
+    assert state.index.tolist() == truth.index.tolist()
+    np.testing.assert_array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
+    # values are integers 0..999 held as float64, so sums are exact in any order
+    for c in ("sum", "min", "max"):
+        np.testing.assert_array_equal(state[c].to_numpy(), truth[c].to_numpy(), err_msg=c)
+    np.testing.assert_allclose(state["mean"].to_numpy(), truth["mean"].to_numpy(), rtol=1e-12)
+
+
+def check_running_count(outputs: pd.DataFrame, state: pd.DataFrame, frame: pd.DataFrame) -> None:
+    # each key lives in one log partition ordered by event time: its order is that order
+    truth = frame.sort_values("event_time", kind="stable")
+    want = {k: g["value"].tolist() for k, g in truth.groupby("key", sort=False)}
+    got = {k: g for k, g in outputs.groupby("key", sort=False)["output"]}
+    assert set(got) == set(want)
+    for k, outs in got.items():
+        outs = outs.tolist()
+        assert [n for n, _ in outs] == list(range(1, len(want[k]) + 1)), k
+        assert [v for _, v in outs] == want[k], k
+    counts = truth.groupby("key").size()
+    assert state["state"].sort_index().tolist() == counts.tolist()
+
+
+def test_aggregate_equals_pandas(client, zipf_path, zipf_frame):
+    src = Stream.from_parquet(zipf_path, batch_size=20_000)
+    src.key_by("key").aggregate(SPEC, name="totals")
+    with streamlb.run(src, client=client) as job:
+        job.wait(timeout=120)
+        check_aggregate(job.state("totals"), zipf_frame)
+        m = job.metrics()
+    assert list(m.columns[:10]) == streamlb.METRIC_COLUMNS
+    assert m[m.operator == "totals"].records.sum() == len(zipf_frame)
+    assert set(m[m.operator == "totals"].instance) == set(range(len(client.scheduler_info()["workers"])))
+
+
+def test_stateful_map_running_count_keeps_per_key_order(client, zipf_path, zipf_frame):
+    src = Stream.from_parquet(zipf_path, batch_size=25_000)
+    out = src.key_by("key").stateful_map(running_count, parallelism=3, name="running").sink_to_list()
+    with streamlb.run(src, client=client) as job:
+        job.wait(timeout=120)
+        state = job.state("running")
+    check_running_count(pd.concat(out), state, zipf_frame)
+
+
+def test_fused_plain_nodes_rebalance_and_parquet_sink(client, zipf_path, zipf_frame, tmp_path):
+    src = Stream.from_parquet(zipf_path, batch_size=30_000, parallelism=2)
+    big = src.filter(lambda df: df.value >= 500).map(lambda df: df.assign(double=df.value * 2))
+    big.rebalance(parallelism=3).map(lambda df: df[["key", "double"]]).to_parquet(str(tmp_path / "out"))
+    counted = src.key_by(lambda df: df.key % 10, name="bucket").aggregate(
+        {"n": ("value", "count"), "hi": ("value", "max")}, parallelism=2, name="buckets")
+    updates = counted.sink_to_list()
+    with streamlb.run(src, client=client) as job:
+        job.wait(timeout=120)
+        buckets = job.state("buckets")
+    written = pd.read_parquet(str(tmp_path / "out"))
+    assert os.path.exists(tmp_path / "out" / "_SUCCESS")
+    want = zipf_frame[zipf_frame.value >= 500]
+    assert sorted(written.double.tolist()) == sorted((want.value * 2).tolist())
+    truth = zipf_frame.assign(bucket=zipf_frame.key % 10).groupby("bucket").agg(
+        n=("value", "count"), hi=("value", "max"))
+    pd.testing.assert_frame_equal(buckets, truth, check_dtype=False)
+    # the update stream ends with every key's final value
+    last = pd.concat(updates).groupby(level=0).last().sort_index()
+    pd.testing.assert_frame_equal(last, truth, check_dtype=False, check_names=False)
+
+
+def test_from_iterable_records_and_string_keys(client):
+    words = "the cat and the hat and the bat".split()
+    src = Stream.from_iterable([{"word": w, "n": i} for i, w in enumerate(words)])
+    src.key_by("word").aggregate({"count": ("n", "count"), "last": ("n", "max")}, name="words")
+    with streamlb.run(src, client=client, batch_size=3) as job:
+        job.wait(timeout=60)
+        got = job.state("words")
+    want = pd.DataFrame({"word": words, "n": range(len(words))}).groupby("word").agg(
+        count=("n", "count"), last=("n", "max"))
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+def test_open_loop_rate_paces_the_source(client, zipf_path):
+    src = Stream.from_parquet(zipf_path, batch_size=10_000, rate=300_000)
+    src.key_by("key").aggregate({"n": ("value", "count")}, name="n")
+    with streamlb.run(src, client=client, window="250ms") as job:
+        job.wait(timeout=60)
+        s = job.summary()
+        m = job.metrics()
+    assert s["records"] == 300_000
+    assert s["seconds"] >= 0.95          # 300k records at 300k/s cannot finish sooner
+    lat = m[m.operator == "n"]
+    assert (lat.latency_max_ms.dropna() >= 0).all() and lat.latency_p50_ms.notna().any()
+    assert len(lat.window_start.unique()) >= 3
