@@ -1,0 +1,139 @@
+"""Every error names the thing involved and says what would be valid."""
+import os
+import threading
+
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from conftest import free_port
+from streamlb import (InputPathError, JavaNotFoundError, KeyTypeError, PipelineError,
+                      SchedulerUnreachableError, SchemaError, UnpicklableFunctionError,
+                      UserFunctionError)
+
+
+@pytest.fixture
+def small_parquet(tmp_path):
+    df = pd.DataFrame({"key": [1, 2, 3, 1], "value": [1.0, 2.0, 3.0, 4.0], "price": [0.5] * 4})
+    path = tmp_path / "in"
+    path.mkdir()
+    df.to_parquet(path / "part-0.parquet", index=False)
+    return str(path)
+
+
+def test_missing_column_is_named_before_the_job_starts(client, small_parquet):
+    src = Stream.from_parquet(small_parquet)
+    src.key_by("key").aggregate({"total": ("amount", "sum")}, name="totals")
+    with pytest.raises(SchemaError, match=r"'totals' needs column 'amount'.*columns there: key, value, price"):
+        streamlb.run(src, client=client)
+
+
+def test_missing_key_column_at_run_time_is_named(client):
+    src = Stream.from_iterable([{"k": 1, "v": 2}])
+    src.map(lambda df: df.rename(columns={"k": "kk"})).key_by("k").aggregate({"n": ("v", "count")}, name="agg")
+    with streamlb.run(src, client=client) as job:
+        with pytest.raises(SchemaError, match=r"'agg' keys by column 'k'.*columns: kk, v"):
+            job.wait(timeout=60)
+
+
+def test_unpicklable_function_names_operator_and_function(client, small_parquet):
+    lock = threading.Lock()
+
+    def tally(state, record):
+        with lock:
+            return (state or 0) + 1, None
+
+    src = Stream.from_parquet(small_parquet)
+    src.key_by("key").stateful_map(tally, name="tally")
+    with pytest.raises(UnpicklableFunctionError, match=r"operator 'tally': function .*tally cannot be pickled"):
+        streamlb.run(src, client=client)
+
+
+def test_float_key_column_is_refused_before_start(client, small_parquet):
+    src = Stream.from_parquet(small_parquet)
+    src.key_by("price").aggregate({"n": ("value", "count")}, name="by_price")
+    with pytest.raises(KeyTypeError, match=r"'by_price': key column 'price' has type double.*integers, booleans and strings"):
+        streamlb.run(src, client=client)
+
+
+def test_unhashable_key_from_a_function_fails_the_job_naming_it(client):
+    src = Stream.from_iterable([{"v": 1.5}])
+    src.key_by(lambda df: df.v, name="vk").aggregate({"n": ("v", "count")}, name="agg")
+    with streamlb.run(src, client=client) as job:
+        with pytest.raises(KeyTypeError, match=r"key 'vk' has dtype float64"):
+            job.wait(timeout=60)
+
+
+def test_unreachable_scheduler_names_the_address(small_parquet):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    src = Stream.from_parquet(small_parquet)
+    src.key_by("key").aggregate({"n": ("value", "count")})
+    with pytest.raises(SchedulerUnreachableError, match=f"no Dask scheduler answered at '{address}'"):
+        with pytest.MonkeyPatch.context() as mp:
+            import dask
+
+            mp.setitem(dask.config.config, "streamlb", {**dask.config.get("streamlb"), "connect-timeout": "2s"})
+            streamlb.run(src, address=address)
+
+
+def test_absent_and_empty_input_paths_are_named(client, tmp_path):
+    absent = str(tmp_path / "nowhere")
+    src = Stream.from_parquet(absent)
+    src.key_by("key").aggregate({"n": ("value", "count")})
+    with pytest.raises(InputPathError, match=f"input path '{absent}' does not exist"):
+        streamlb.run(src, client=client)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    src = Stream.from_parquet(str(empty))
+    src.key_by("key").aggregate({"n": ("value", "count")})
+    with pytest.raises(InputPathError, match=f"input path '{empty}' holds no \\*.parquet files"):
+        streamlb.run(src, client=client)
+
+
+def test_pyspark_without_java_is_named(monkeypatch, tmp_path):
+    from streamlb import datasets
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    with pytest.raises(JavaNotFoundError, match="JAVA_HOME is .*no-jdk.*does not exist"):
+        datasets.check_java()
+    monkeypatch.delenv("JAVA_HOME")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(JavaNotFoundError, match="PySpark needs Java 17 or newer and no `java` is on PATH"):
+        datasets.check_java()
+
+
+def test_bad_specs_list_what_is_valid():
+    src = Stream.from_iterable([])
+    with pytest.raises(PipelineError, match="asks for 'median'; valid aggregations are count, sum, min, max, mean"):
+        src.key_by("k").aggregate({"m": ("v", "median")})
+    with pytest.raises(PipelineError, match="aggregate 'x' needs a keyed input: put .key_by"):
+        src = Stream.from_iterable([])
+        src.aggregate({"n": ("v", "count")}, name="x")
+        streamlb.planner.plan(src, workers=1, key_groups=16, batch_size=10)
+    with pytest.raises(PipelineError, match="item 0 is a int"):
+        s2 = Stream.from_iterable([1, 2])
+        s2.key_by("k").aggregate({"n": ("v", "count")})
+        streamlb.planner.plan(s2, workers=1, key_groups=16, batch_size=10)
+
+
+def boom(state, record):
+    if record["key"] == 3:
+        raise ValueError("bad record")
+    return state, None
+
+
+def test_user_function_error_names_operator_function_and_record(client, small_parquet, tmp_path):
+    out = str(tmp_path / "out")
+    src = Stream.from_parquet(small_parquet)
+    src.key_by("key").stateful_map(boom, parallelism=1, name="explode").to_parquet(out)
+    with streamlb.run(src, client=client) as job:
+        with pytest.raises(UserFunctionError) as info:
+            job.wait(timeout=60)
+    err = info.value
+    assert "'explode'" in str(err) and "boom" in str(err) and "ValueError: bad record" in str(err)
+    assert err.operator == "explode" and err.function.endswith("boom")
+    assert err.record == {"key": 3, "value": 3.0, "price": 0.5}
+    # nothing half-written looks complete: no _SUCCESS, no part files
+    assert not os.path.exists(os.path.join(out, "_SUCCESS"))
+    assert not [f for f in (os.listdir(out) if os.path.exists(out) else []) if f.endswith(".parquet")]
