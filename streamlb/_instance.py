@@ -54,18 +54,18 @@ class _Channel:
         self.seq = 0
         self.tasks: set = set()
 
-    async def send(self, kind: str, emitted: float, frame, key_groups=None) -> None:
+    async def send(self, kind: str, emitted: float, frame) -> None:
         t0 = time.perf_counter()
         await self.sem.acquire()
         self.owner._blocked += time.perf_counter() - t0
         seq, self.seq = self.seq, self.seq + 1
-        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame, key_groups))
+        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _do(self, seq, kind, emitted, frame, key_groups) -> None:
+    async def _do(self, seq, kind, emitted, frame) -> None:
         try:
-            await self.peer.call("push", self.sender, seq, kind, emitted, frame, key_groups)
+            await self.peer.call("push", self.sender, seq, kind, emitted, frame)
         except Exception as exc:  # the receiver or its worker is gone: the job cannot go on
             self.owner._fail(StreamlbError(
                 f"instance {self.owner.label} could not send to {self.peer.key} on "
@@ -129,7 +129,7 @@ class Instance:
         self._win: _Window | None = None
         self._tasks: list = []
         if stage.kind == "aggregate":
-            self.store = _state.AggregateState(stage.name, stage.spec, stage.key_name)
+            self.store = _state.AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
         elif stage.kind == "stateful_map":
             self.store = _state.StatefulMapState(stage.name, stage.func, stage.key_name)
         else:
@@ -214,7 +214,7 @@ class Instance:
             return
         import pyarrow.parquet as pq
 
-        for f in st.files[self.index::st.parallelism]:
+        for f in st.assignment[self.index]:
             self.offsets[f] = 0
             pf = pq.ParquetFile(f)
             for rb in pf.iter_batches(batch_size=st.batch_size, columns=st.columns):
@@ -223,10 +223,10 @@ class Instance:
                 yield df
 
     # -- receivers ------------------------------------------------------------------------
-    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame, key_groups) -> None:
+    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame) -> None:
         fut = asyncio.get_running_loop().create_future()
         pending = self._in[sender]
-        pending[seq] = (kind, emitted, frame, key_groups, fut)
+        pending[seq] = (kind, emitted, frame, fut)
         nxt = self._next[sender]
         while nxt in pending:
             self._ready.append(pending.pop(nxt))
@@ -240,7 +240,7 @@ class Instance:
             while not self._ready:
                 self._wake.clear()
                 await self._wake.wait()
-            kind, emitted, frame, key_groups, fut = self._ready.popleft()
+            kind, emitted, frame, fut = self._ready.popleft()
             try:
                 if kind == "eos":
                     self._eos += 1
@@ -248,18 +248,18 @@ class Instance:
                         await self._finish()
                         return
                 else:
-                    await self._apply(frame, key_groups, emitted)
+                    await self._apply(frame, emitted)
             finally:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def _apply(self, frame, key_groups, emitted) -> None:
+    async def _apply(self, frame, emitted) -> None:
         st = self.stage
         n = len(frame)
         self._blocked = 0.0
         t1 = time.perf_counter()
         if st.kind == "aggregate":
-            labels = self.store.update(frame, key_groups)
+            labels = self.store.update(frame)
             out = self.store.frame(pd.unique(labels)) if st.children else None
         elif st.kind == "stateful_map":
             outs = self.store.update(frame)
@@ -366,15 +366,12 @@ class Instance:
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
         dest = self.tables[target].route(groups)
         if len(chans) == 1:
-            await chans[0].send("data", emitted, x, groups)
+            await chans[0].send("data", emitted, x)
             return
-        order = np.argsort(dest, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(dest, minlength=len(chans)))])
         for i, ch in enumerate(chans):
-            lo, hi = bounds[i], bounds[i + 1]
-            if hi > lo:
-                idx = order[lo:hi]
-                await ch.send("data", emitted, x.take(idx), groups[idx])
+            idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
+            if len(idx):
+                await ch.send("data", emitted, x.take(idx))
 
     # -- Parquet sink ---------------------------------------------------------------------------
     def _write_parquet(self, path: str, x) -> None:

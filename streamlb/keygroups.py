@@ -37,10 +37,13 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def _mix64(z: np.ndarray) -> np.ndarray:
     # splitmix64's finaliser: a bijection on 64 bits with good avalanche.
-    z = z + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = z + _GOLDEN          # the one copy; the rest works in place
+    z ^= z >> np.uint64(30)
+    z *= _M1
+    z ^= z >> np.uint64(27)
+    z *= _M2
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def stable_hash(keys, *, name: str = "key") -> np.ndarray:

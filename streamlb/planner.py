@@ -51,6 +51,7 @@ class Stage:
     spec: dict = field(default_factory=dict)      # aggregate
     func: Any = None                              # stateful_map
     files: list = field(default_factory=list)     # parquet_source
+    assignment: list = field(default_factory=list)  # parquet_source: files of each instance
     items: list = field(default_factory=list)     # iterable_source
     rate: float | None = None
     batch_size: int = 65536
@@ -116,10 +117,27 @@ def parquet_files(path: str) -> list[str]:
     return files
 
 
-def _row_count(files: list[str]) -> int:
+def _row_counts(files: list[str]) -> list[int]:
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return [pq.ParquetFile(f).metadata.num_rows for f in files]
+
+
+def assign_files(files: list[str], rows: list[int], parallelism: int) -> list[list[str]]:
+    """Whole files to source instances, largest first to the least loaded (LPT).
+
+    Each instance then reads its files in name order.
+
+    >>> assign_files(["a", "b", "c", "d"], [10, 60, 20, 30], 2)
+    [['b'], ['a', 'c', 'd']]
+    """
+    load = [0] * parallelism
+    owned: list[list[str]] = [[] for _ in range(parallelism)]
+    for f, r in sorted(zip(files, rows), key=lambda fr: (-fr[1], fr[0])):
+        i = min(range(parallelism), key=lambda j: (load[j], j))
+        load[i] += r
+        owned[i].append(f)
+    return [sorted(o) for o in owned]
 
 
 class _Planner:
@@ -157,11 +175,12 @@ class _Planner:
         if isinstance(n, nodes.from_parquet):
             files = parquet_files(n.path)
             par = min(n.parallelism or self.workers, len(files))
+            rows = _row_counts(files)
             st = self.new_stage(
                 name=self.unique_name(None, f"from_parquet({os.path.basename(n.path.rstrip(os.sep))})"),
                 kind="parquet_source", parallelism=par, files=files, rate=n.rate,
                 batch_size=n.batch_size or self.batch_size, columns=n.columns,
-                total_rows=_row_count(files),
+                total_rows=sum(rows), assignment=assign_files(files, rows, par),
             )
         elif isinstance(n, sz_sources.from_iterable):
             items = list(n._iterable)
@@ -311,4 +330,20 @@ def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
         raise PipelineError("the pipeline has a source but no operator or sink after it")
     result = Plan(p.stages, p.list_sinks, p.parquet_paths)
     _check_columns(result)
+    _project(result)
     return result
+
+
+def _project(plan: Plan) -> None:
+    """Read only the columns a source's consumers use, when every consumer is an aggregate
+    keyed by a column (nothing else sees the batch, so nothing else can need a column)."""
+    by_id = {s.id: s for s in plan.stages}
+    for src in plan.stages:
+        if src.kind != "parquet_source" or src.columns is not None or not src.children:
+            continue
+        targets = [by_id[c.target] if c.kind == "exchange" else None for c in src.children]
+        if all(t is not None and t.kind == "aggregate" and isinstance(t.key, str) for t in targets):
+            needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
+            import pyarrow.parquet as pq
+
+            src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]

@@ -23,11 +23,11 @@ def test_aggregate_state_equals_pandas(keys, cuts, data):
         st.integers(-1000, 1000).map(float), st.just(np.nan))))
     i = data.draw(hnp.arrays(np.int64, n, elements=st.integers(-10**12, 10**12)))
     df = pd.DataFrame({"k": keys, "v": v, "i": i})
-    store = AggregateState("agg", SPEC, "k")
+    store = AggregateState("agg", SPEC, "k", 16)
     bounds = sorted({0, n, *[c % (n + 1) for c in cuts]})
     for lo, hi in zip(bounds, bounds[1:]):
         part = df.iloc[lo:hi]
-        store.update(part, np.zeros(len(part), np.int64))
+        store.update(part)
     got = store.frame().sort_index()
     want = df.groupby("k").agg(**SPEC)
     assert got.index.tolist() == want.index.tolist()
@@ -36,9 +36,9 @@ def test_aggregate_state_equals_pandas(keys, cuts, data):
 
 
 def test_string_keys_and_emitted_slots():
-    store = AggregateState("agg", {"n": ("v", "count")}, "k")
-    labels = store.update(pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]}), np.zeros(3, np.int64))
-    labels = store.update(pd.DataFrame({"k": ["c", "a"], "v": [1, 2]}), np.zeros(2, np.int64))
+    store = AggregateState("agg", {"n": ("v", "count")}, "k", 16)
+    labels = store.update(pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]}))
+    labels = store.update(pd.DataFrame({"k": ["c", "a"], "v": [1, 2]}))
     touched = store.frame(pd.unique(labels))
     assert touched["n"].to_dict() == {"c": 1, "a": 3}
 
