@@ -217,8 +217,8 @@ class Instance:
         for f in st.assignment[self.index]:
             self.offsets[f] = 0
             pf = pq.ParquetFile(f)
-            for rb in pf.iter_batches(batch_size=st.batch_size, columns=st.columns):
-                df = rb.to_pandas()
+            for rb in pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False):
+                df = rb.to_pandas(use_threads=False)
                 self.offsets[f] += len(df)
                 yield df
 

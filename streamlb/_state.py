@@ -38,7 +38,7 @@ class _KeyIndex:
             else:
                 self._fact, self._dtype = _ht.ObjectFactorizer(1024), object
             self.keys = np.empty(0, dtype=self._dtype)
-        keys = np.ascontiguousarray(keys, dtype=self._dtype)
+        keys = np.require(keys, dtype=self._dtype, requirements=["C", "A"])
         old = self.n
         labels = self._fact.factorize(keys).astype(np.int64, copy=False)
         n = self._fact.get_count()
@@ -75,7 +75,9 @@ class AggregateState:
                 f"operator {self.operator!r} needs column {c!r}; the batch has columns "
                 f"{', '.join(map(str, frame.columns))}"
             )
-        arr = frame[c].to_numpy()
+        # batches from another worker may sit unaligned in the receive buffer, which sends
+        # ufunc.at down a path 30x slower: copy those
+        arr = np.require(frame[c].to_numpy(), requirements="A")
         if self.hows[c] - {"count"} and arr.dtype.kind not in "iufb":
             raise SchemaError(
                 f"operator {self.operator!r}: column {c!r} has dtype {arr.dtype}; "
@@ -117,7 +119,11 @@ class AggregateState:
                 continue
             if self.hows[c] & {"sum", "mean"}:
                 self.sum[c] = s = _grow(self.sum[c], n, 0)
-                np.add.at(s, lab, vals)
+                if dt.kind == "f":
+                    # float ufunc.at runs ~30x slower than bincount on skewed labels
+                    s[:n] += np.bincount(lab, weights=vals, minlength=n)
+                else:
+                    np.add.at(s, lab, vals)   # int64 stays exact
             if c in self.min:
                 big = np.inf if dt.kind == "f" else np.iinfo(dt).max
                 self.min[c] = m = _grow(self.min[c], n, big)
@@ -166,7 +172,7 @@ class StatefulMapState:
 
     def __init__(self, operator: str, func, key_name: str) -> None:
         self.operator = operator
-        self.func = func
+        self.func = getattr(func, "func", func)   # unwrap UserFunction: one call less per record
         self.key_name = key_name
         self.states: dict = {}
 

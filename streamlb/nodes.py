@@ -222,6 +222,7 @@ class to_parquet(Sink):
 
 def describe(func: Callable[..., Any]) -> str:
     """A readable name for a user function, for error messages."""
+    func = getattr(func, "func", func) if type(func).__name__ == "UserFunction" else func
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
     module = getattr(func, "__module__", None)
     return f"{module}.{name}" if module and module != "builtins" else name

@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
 import pandas as pd
 from streamz import Stream
 from streamz import core as sz
@@ -15,7 +14,7 @@ from streamz import sources as sz_sources
 
 from . import nodes
 from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError, UnpicklableFunctionError
-from .nodes import describe
+from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
@@ -91,15 +90,11 @@ def _graph(node: Stream) -> list[Stream]:
     return list(seen.values())
 
 
-def _check_picklable(func, operator: str) -> None:
-    try:
-        cloudpickle.dumps(func)
-    except Exception as exc:
-        raise UnpicklableFunctionError(
-            f"operator {operator!r}: function {describe(func)} cannot be pickled to send it "
-            f"to the workers ({type(exc).__name__}: {exc}); use a module-level function or a "
-            "lambda that captures only picklable values"
-        ) from exc
+def _ship(func, operator: str) -> UserFunction:
+    """Wrap a user function to travel by value; fail now, naming it, if it cannot."""
+    uf = UserFunction(func)
+    uf.payload(operator)
+    return uf
 
 
 def parquet_files(path: str) -> list[str]:
@@ -233,15 +228,13 @@ class _Planner:
                 sid = len(self.list_sinks)
                 self.list_sinks[sid] = owner
                 return Step("list_sink", target=sid)
-            _check_picklable(n.func, stage.name)
-            return Step("sink", func=n.func, args=n.args, kwargs=n.kwargs)
+            return Step("sink", func=_ship(n.func, stage.name), args=n.args, kwargs=n.kwargs)
         if isinstance(n, sz.flatten):
             return Step("flatten", children=self.children(n, stage))
         for cls, kind, attr in ((sz.map, "map", "func"), (sz.starmap, "starmap", "func"),
                                 (sz.filter, "filter", "predicate")):
             if type(n) is cls:
-                func = getattr(n, attr)
-                _check_picklable(func, stage.name)
+                func = _ship(getattr(n, attr), stage.name)
                 return Step(kind, func=func, args=tuple(n.args), kwargs=dict(n.kwargs),
                             children=self.children(n, stage))
         raise PipelineError(f"node {type(n).__name__} is not supported by streamlb; supported nodes: {SUPPORTED}")
@@ -256,14 +249,12 @@ class _Planner:
         op = downs[0]
         kind = type(op).__name__
         name = self.unique_name(op.op_name, kind)
-        if callable(kb.key):
-            _check_picklable(kb.key, name)
-        if kind == "stateful_map":
-            _check_picklable(op.func, name)
+        key = _ship(kb.key, name) if callable(kb.key) else kb.key
+        func = _ship(op.func, name) if kind == "stateful_map" else None
         st = self.new_stage(
             name=name, kind=kind, parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
-            upstream=stage.id, exchange="keyed", key=kb.key, key_name=kb.key_name,
-            spec=getattr(op, "spec", {}), func=getattr(op, "func", None),
+            upstream=stage.id, exchange="keyed", key=key, key_name=kb.key_name,
+            spec=getattr(op, "spec", {}), func=func,
         )
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)

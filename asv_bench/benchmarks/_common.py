@@ -1,0 +1,50 @@
+"""Shared set-up for the benchmarks: datasets prepared once with PySpark, clusters per run."""
+from __future__ import annotations
+
+import os
+import statistics
+import warnings
+
+warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
+
+DATA = os.environ.get(
+    "STREAMLB_BENCH_DATA",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".data"),
+)
+
+
+def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_every=None) -> str:
+    """Path of a Zipf dataset, written by PySpark the first time it is asked for."""
+    from streamlb import datasets
+
+    name = f"zipf-{rows}-{keys}-{skew}-{partitions}-{drift_every}"
+    path = os.path.abspath(os.path.join(DATA, name))
+    if not os.path.exists(os.path.join(path, "_manifest.json")):
+        datasets.zipf(path, rows=rows, keys=keys, skew=skew, partitions=partitions,
+                      drift_every=drift_every, seed=0, progress=True)
+    return path
+
+
+def cluster(n_workers: int = 2):
+    from distributed import Client, LocalCluster
+
+    c = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                     dashboard_address=":0", silence_logs=40)
+    return c, Client(c)
+
+
+def median_rate(client, build, runs: int = 3) -> float:
+    """records/s of the pipeline ``build()`` returns, median of ``runs`` after one warm-up."""
+    import streamlb
+
+    rates = []
+    for i in range(runs + 1):
+        job = streamlb.run(build(), client=client)
+        try:
+            job.wait()
+            s = job.summary()
+        finally:
+            job.stop()
+        if i:
+            rates.append(s["records_per_second"])
+    return statistics.median(rates)
