@@ -121,6 +121,7 @@ class Instance:
         self._ready: collections.deque = collections.deque()
         self._eos = 0
         self._list_out: dict[int, list] = collections.defaultdict(list)
+        self._dead: list[dict] = []
         self._writers: dict[str, object] = {}
         self._written: dict[str, str] = {}
         self._rr = 0
@@ -259,6 +260,9 @@ class Instance:
         self._blocked = 0.0
         t1 = time.perf_counter()
         if st.kind == "aggregate":
+            frame, bad = self.store.clean(frame)
+            if bad:
+                self._dead_letter(st.name, *bad)
             labels = self.store.update(frame)
             out = self.store.frame(pd.unique(labels)) if st.children else None
         elif st.kind == "stateful_map":
@@ -363,6 +367,16 @@ class Instance:
                     operator=name, function=describe(key),
                 )
             x = x.assign(**{key_name: keys})
+        bad, reasons = _bad_keys(x[key_name])
+        if bad is not None:
+            self._dead_letter(name, x[bad], reasons)
+            x = x[~bad]
+            if not len(x):
+                return
+            keys = x[key_name].to_numpy()
+        if keys.dtype.kind == "f" and np.array_equal(keys, np.round(keys)):
+            keys = keys.astype(np.int64)     # an int column that held nulls, now removed
+            x = x.assign(**{key_name: keys})
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
         dest = self.tables[target].route(groups)
         if len(chans) == 1:
@@ -372,6 +386,10 @@ class Instance:
             idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
             if len(idx):
                 await ch.send("data", emitted, x.take(idx))
+
+    def _dead_letter(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
+        for rec, why in zip(rows.to_dict("records"), reasons):
+            self._dead.append({"operator": operator, "instance": self.index, "reason": why, "record": rec})
 
     # -- Parquet sink ---------------------------------------------------------------------------
     def _write_parquet(self, path: str, x) -> None:
@@ -469,11 +487,12 @@ class Instance:
     def poll(self) -> dict:
         out = {k: v for k, v in self._list_out.items() if v}
         self._list_out = collections.defaultdict(list)
+        dead, self._dead = self._dead, []
         return {
             "status": self.status, "error": self.error, "lists": out,
             "records_in": self.records_in, "records_out": self.records_out,
             "started_at": self.started_at, "finished_at": self.finished_at,
-            "offsets": dict(self.offsets),
+            "offsets": dict(self.offsets), "dead_letters": dead,
         }
 
     def metrics(self) -> list[dict]:
@@ -490,6 +509,25 @@ class Instance:
         if self.status not in ("done", "failed"):
             self.status = "stopped"
             self._abort_writers()
+
+
+def _bad_keys(keys: pd.Series) -> tuple[np.ndarray | None, list[str]]:
+    """Rows whose key is null, or not a string in a column of strings, with the reason.
+
+    Such records go to the dead-letter output; the rest of the batch goes on.
+    """
+    null = keys.isna().to_numpy()
+    bad = null
+    if keys.dtype == object:
+        bad = null | ~np.fromiter((isinstance(k, str) for k in keys), bool, len(keys))
+    if not bad.any():
+        return None, []
+    reasons = [
+        f"key {keys.name!r} is null" if n else
+        f"key {keys.name!r} is {type(k).__name__} {k!r}; this column's keys are strings"
+        for k, n in zip(keys[bad], null[bad])
+    ]
+    return bad, reasons
 
 
 def _iterable_batches(items, batch_size: int, name: str):

@@ -85,6 +85,28 @@ class AggregateState:
             )
         return arr
 
+    def clean(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple | None]:
+        """Split off rows whose value in a column that must be numeric is not a number.
+
+        Returns the clean frame and, if any, ``(bad rows, reasons)`` for the dead letters.
+        """
+        bad = None
+        reasons: dict[int, str] = {}
+        original = frame
+        for c in self.inputs:
+            if c not in frame.columns or not (self.hows[c] - {"count"}) or frame[c].dtype != object:
+                continue
+            num = pd.to_numeric(frame[c], errors="coerce")
+            wrong = (num.isna() & frame[c].notna()).to_numpy()
+            if wrong.any():
+                for i in np.flatnonzero(wrong):
+                    reasons.setdefault(int(i), f"column {c!r} holds {frame[c].iloc[i]!r}, not a number")
+                bad = wrong if bad is None else bad | wrong
+            frame = frame.assign(**{c: num.astype(np.float64)})
+        if bad is None:
+            return frame, None
+        return frame[~bad], (original[bad], [reasons[i] for i in sorted(reasons)])
+
     def _init(self, c: str, arr: np.ndarray) -> None:
         kind = arr.dtype.kind
         dt = np.dtype(np.int64) if kind in "iub" else np.dtype(np.float64)

@@ -117,6 +117,7 @@ class Job:
         self.status = "running"
         self.error: BaseException | None = None
         self._last: list[dict] = []
+        self._dead: list[dict] = []
         by_id = {s.id: s for s in plan.stages}
         ups = {s.id: by_id[s.upstream].parallelism if s.upstream is not None else 0 for s in plan.stages}
         futures = {}
@@ -172,6 +173,7 @@ class Job:
         for r in out:
             for sid, items in r["lists"].items():
                 self.plan.list_sinks[sid].extend(items)
+            self._dead.extend(r["dead_letters"])
         self._last = out
         return out
 
@@ -296,7 +298,19 @@ class Job:
         starts = [r["started_at"] for r in src if r["started_at"]]
         ends = [r["finished_at"] for r in rows if r["finished_at"]]
         elapsed = (max(ends) - min(starts)) if starts and ends else float("nan")
-        return {"records": records, "seconds": elapsed, "records_per_second": records / elapsed if elapsed else float("nan")}
+        return {"records": records, "seconds": elapsed,
+                "records_per_second": records / elapsed if elapsed else float("nan"),
+                "dead_letters": len(self._dead)}
+
+    def dead_letters(self) -> pd.DataFrame:
+        """Records set aside instead of failing the job, with the reason.
+
+        Columns ``operator, instance, reason, record`` (the record as a dict). Today: records
+        whose key is null or of the wrong type, and aggregate inputs that are not numbers.
+        """
+        if self.status == "running" and self.actors:
+            self._poll()
+        return pd.DataFrame(self._dead, columns=["operator", "instance", "reason", "record"])
 
     def offsets(self) -> dict[str, int]:
         """Rows read so far from each source file."""

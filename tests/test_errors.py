@@ -137,3 +137,27 @@ def test_user_function_error_names_operator_function_and_record(client, small_pa
     # nothing half-written looks complete: no _SUCCESS, no part files
     assert not os.path.exists(os.path.join(out, "_SUCCESS"))
     assert not [f for f in (os.listdir(out) if os.path.exists(out) else []) if f.endswith(".parquet")]
+
+
+def test_bad_records_go_to_dead_letters_and_the_job_goes_on(client):
+    records = [
+        {"user": "ann", "amount": 5}, {"user": None, "amount": 1}, {"user": "bob", "amount": "7"},
+        {"user": 42, "amount": 2}, {"user": "ann", "amount": "lots"}, {"user": "bob", "amount": 3},
+    ]
+    src = Stream.from_iterable(records)
+    src.key_by("user").aggregate({"total": ("amount", "sum"), "n": ("amount", "count")}, name="spend")
+    with streamlb.run(src, client=client, batch_size=2) as job:
+        job.wait(timeout=60)
+        state = job.state("spend")
+        dead = job.dead_letters()
+        assert job.summary()["dead_letters"] == 3
+    good = pd.DataFrame([records[i] for i in (0, 2, 5)]).astype({"amount": float})
+    want = good.groupby("user").agg(total=("amount", "sum"), n=("amount", "count"))
+    pd.testing.assert_frame_equal(state, want, check_dtype=False)
+    assert sorted(dead.reason) == sorted([
+        "key 'user' is null",
+        "key 'user' is int 42; this column's keys are strings",
+        "column 'amount' holds 'lots', not a number",
+    ])
+    assert {r["amount"] for r in dead.record} == {1, 2, "lots"}
+    assert set(dead.operator) == {"spend"}
