@@ -8,6 +8,7 @@ from .exceptions import (
     JavaNotFoundError,
     JobFailedError,
     KeyTypeError,
+    MigrationError,
     PipelineError,
     SchedulerUnreachableError,
     SchemaError,
@@ -38,4 +39,5 @@ __all__ = [
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
+    "MigrationError",
 ]

@@ -81,6 +81,29 @@ class _Channel:
             self.sem.release()
 
 
+class _Migration:
+    """What one epoch moves, as seen by one owner."""
+
+    def __init__(self, epoch: int, strategy: str) -> None:
+        self.epoch = epoch
+        self.strategy = strategy
+        self.outgoing: dict[int, int] = {}     # key group -> new owner
+        self.incoming: dict[int, int] = {}     # key group -> old owner
+        self.aligned = False
+        self.sent: set[int] = set()
+        self.requested: set[int] = set()
+        self.installed: set[int] = set()
+
+
+class _Held:
+    """Rows of key groups whose state has not arrived yet, with their batch's credit."""
+
+    __slots__ = ("frame", "groups", "emitted", "fut")
+
+    def __init__(self, frame, groups, emitted, fut) -> None:
+        self.frame, self.groups, self.emitted, self.fut = frame, groups, emitted, fut
+
+
 class _Window:
     def __init__(self, start: float) -> None:
         self.start = start
@@ -100,7 +123,7 @@ class Instance:
     """One parallel instance of a stage."""
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
-                 key_groups: int, window: float, credits: int) -> None:
+                 key_groups: int, window: float, credits: int, lazy_step: int = 8) -> None:
         self.stage = stage
         self.index = index
         self.job = job
@@ -108,6 +131,7 @@ class Instance:
         self.window = window
         self.credits = credits
         self.label = f"{stage.name}[{index}]"
+        self._lazy_step = lazy_step
         self.upstream_instances = upstream_instances
         self.status = "created"
         self.error: BaseException | None = None
@@ -129,19 +153,33 @@ class Instance:
         self._rows: list[dict] = []
         self._win: _Window | None = None
         self._tasks: list = []
+        # epoch protocol (see docs/migration.md)
+        self._eos_from: set[int] = set()
+        self._eos_sent = False
+        self._marks: dict[int, set[int]] = collections.defaultdict(set)
+        self._migs: dict[int, _Migration] = {}
+        self._pending_in: dict[int, _Migration] = {}     # key group -> migration bringing it
+        self._held: list[_Held] = []
+        self._done_epochs: set[int] = set()
+        self._finishing = False
+        self._mig_tasks: set = set()
         if stage.kind == "aggregate":
             self.store = _state.AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
         elif stage.kind == "stateful_map":
-            self.store = _state.StatefulMapState(stage.name, stage.func, stage.key_name)
+            self.store = _state.StatefulMapState(stage.name, stage.func, stage.key_name, key_groups)
         else:
             self.store = None
 
     # -- wiring -------------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
-                      exchanges: dict[int, tuple]) -> str:
+                      exchanges: dict[int, tuple], siblings: list[tuple[str, str]]) -> str:
         from distributed import get_worker
 
         self.worker = get_worker()
+        self.siblings = [_Peer(self.worker, a, k) for a, k in siblings]
+        self._xlocks = collections.defaultdict(asyncio.Lock)
+        self._gate = asyncio.Event()
+        self._gate.set()
         self.outputs = {
             sid: [_Channel(_Peer(self.worker, a, k), self.index, self.credits, self) for a, k in peers]
             for sid, peers in outputs.items()
@@ -191,6 +229,8 @@ class Instance:
         sent = 0
         for batch in self._source_batches():
             n = len(batch)
+            if not self._gate.is_set():
+                await self._gate.wait()
             if per_instance:
                 due = t0 + (sent + n) / per_instance
                 delay = due - time.time()
@@ -227,7 +267,7 @@ class Instance:
     async def push(self, sender: int, seq: int, kind: str, emitted: float, frame) -> None:
         fut = asyncio.get_running_loop().create_future()
         pending = self._in[sender]
-        pending[seq] = (kind, emitted, frame, fut)
+        pending[seq] = (sender, kind, emitted, frame, fut)
         nxt = self._next[sender]
         while nxt in pending:
             self._ready.append(pending.pop(nxt))
@@ -241,21 +281,45 @@ class Instance:
             while not self._ready:
                 self._wake.clear()
                 await self._wake.wait()
-            kind, emitted, frame, fut = self._ready.popleft()
+            sender, kind, emitted, frame, fut = self._ready.popleft()
+            held = False
             try:
-                if kind == "eos":
-                    self._eos += 1
-                    if self._eos == self.upstream_instances:
-                        await self._finish()
-                        return
-                else:
-                    await self._apply(frame, emitted)
+                if kind == "data":
+                    held = await self._apply(frame, emitted, fut)
+                elif kind == "marker":
+                    self._marks[frame].add(sender)
+                    self._check_alignment()
+                elif kind == "install":
+                    await self._install(*frame)
+                elif kind == "eos":
+                    self._eos_from.add(sender)
+                    self._check_alignment()
+                    if len(self._eos_from) == self.upstream_instances:
+                        self._finishing = True
+                if self._finishing and not self._pending_in:
+                    await self._finish()
+                    return
             finally:
-                if not fut.done():
+                if not held and fut is not None and not fut.done():
                     fut.set_result(None)
 
-    async def _apply(self, frame, emitted) -> None:
+    async def _apply(self, frame, emitted, fut=None) -> bool:
+        """Apply a batch; rows of key groups whose state is still on its way are held back.
+
+        Returns True when rows were held: the batch's credit returns once they are applied.
+        """
         st = self.stage
+        held = False
+        if self._pending_in and len(frame):
+            groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
+            wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
+            if wait.any():
+                self._held.append(_Held(frame[wait], groups[wait], emitted, fut))
+                self._request_lazy(set(np.unique(groups[wait]).tolist()))
+                frame = frame[~wait]
+                held = True
+                if not len(frame):
+                    return True
         n = len(frame)
         self._blocked = 0.0
         t1 = time.perf_counter()
@@ -275,6 +339,132 @@ class Instance:
             await self._run_steps(st.children, out, emitted)
         self.records_in += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
+        return held
+
+    # -- epoch protocol: routers --------------------------------------------------------------
+    async def set_table(self, target: int, table: RoutingTable) -> None:
+        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel."""
+        async with self._xlocks[target]:
+            self.tables[target] = table
+            if self._eos_sent:
+                return          # end of stream already told the owners: no more records
+            for ch in self.outputs[target]:
+                await ch.send("marker", time.time(), table.epoch)
+
+    async def pause(self) -> None:
+        self._gate.clear()
+
+    async def resume(self) -> None:
+        self._gate.set()
+
+    def idle(self) -> bool:
+        """Nothing queued, held or in flight from this instance."""
+        return (not self._ready and not self._held
+                and not any(ch.tasks for chans in getattr(self, "outputs", {}).values() for ch in chans))
+
+    # -- epoch protocol: owners ----------------------------------------------------------------
+    async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
+                      incoming: dict[int, int]) -> None:
+        """Be told ahead what epoch ``epoch`` moves: ``outgoing`` new owner -> key groups,
+        ``incoming`` key group -> old owner."""
+        if self.status in ("done", "failed", "stopped"):
+            raise StreamlbError(f"instance {self.label} is {self.status}; it cannot take part in epoch {epoch}")
+        m = self._migs.get(epoch) or _Migration(epoch, strategy)
+        self._migs[epoch] = m
+        m.outgoing.update({g: to for to, gs in outgoing.items() for g in gs})
+        m.incoming.update(incoming)
+        for g in incoming:
+            self._pending_in[g] = m
+        self._check_alignment()
+
+    def _check_alignment(self) -> None:
+        for m in self._migs.values():
+            if m.aligned or not m.outgoing:
+                continue
+            if len(self._marks[m.epoch] | self._eos_from) == self.upstream_instances:
+                # no epoch-(e-1) record of the outgoing groups can arrive any more
+                m.aligned = True
+                first = sorted(m.requested) if m.strategy == "lazy" else sorted(m.outgoing)
+                self._spawn(self._ship(m, first))
+                if m.strategy == "lazy":
+                    self._spawn(self._drain_lazy(m))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(self._guard(coro))
+        self._mig_tasks.add(task)
+        task.add_done_callback(self._mig_tasks.discard)
+
+    async def _ship(self, m: "_Migration", groups) -> None:
+        """Cut the state of ``groups`` (those not yet sent) and send it to the new owners."""
+        todo = [g for g in groups if g not in m.sent and g in m.outgoing]
+        if not todo:
+            return
+        m.sent.update(todo)
+        by_dest: dict[int, list[int]] = collections.defaultdict(list)
+        for g in todo:
+            by_dest[m.outgoing[g]].append(g)
+        for dest, gs in by_dest.items():
+            blob = self.store.cut(gs)
+            await self.siblings[dest].call("install_state", m.epoch, gs, blob)
+        if len(m.sent) == len(m.outgoing) and not m.incoming:
+            self._done_epochs.add(m.epoch)
+
+    async def _drain_lazy(self, m: "_Migration") -> None:
+        step = max(1, int(self._lazy_step))
+        rest = sorted(g for g in m.outgoing if g not in m.sent)
+        for i in range(0, len(rest), step):
+            await asyncio.sleep(0)          # let data and requests in between chunks
+            await self._ship(m, rest[i:i + step])
+
+    async def fetch(self, epoch: int, groups: list[int]) -> None:
+        """Lazy strategy: the new owner asks for these groups' state first."""
+        m = self._migs.get(epoch)
+        if m is None:
+            return
+        m.requested.update(groups)
+        if m.aligned:
+            await self._ship(m, groups)
+
+    def _request_lazy(self, groups: set[int]) -> None:
+        by_src: dict[tuple, list[int]] = collections.defaultdict(list)
+        for g in groups:
+            m = self._pending_in.get(g)
+            if m is not None and m.strategy == "lazy" and g not in m.requested:
+                m.requested.add(g)
+                by_src[(m.epoch, m.incoming[g])].append(g)
+        for (epoch, src), gs in by_src.items():
+            self._spawn(self.siblings[src].call("fetch", epoch, gs))
+
+    async def install_state(self, epoch: int, groups: list[int], blob) -> None:
+        """State arriving from the old owner: applied in order with the data."""
+        self._ready.appendleft((None, "install", 0.0, (epoch, groups, blob), None))
+        self._wake.set()
+
+    async def _install(self, epoch: int, groups: list[int], blob) -> None:
+        self.store.install(blob)
+        got = set(groups)
+        for g in groups:
+            self._pending_in.pop(g, None)
+        m = self._migs[epoch]
+        m.installed.update(groups)
+        if len(m.installed) == len(m.incoming) and len(m.sent) == len(m.outgoing):
+            self._done_epochs.add(epoch)
+        keep = []
+        for h in self._held:            # in arrival order: per-key order holds
+            mask = np.isin(h.groups, np.fromiter(got, np.int64, len(got)))
+            if mask.any():
+                await self._apply(h.frame[mask], h.emitted)
+                h.frame, h.groups = h.frame[~mask], h.groups[~mask]
+            if len(h.frame):
+                keep.append(h)
+            elif h.fut is not None and not h.fut.done():
+                h.fut.set_result(None)
+        self._held = keep
+
+    def epochs(self) -> dict:
+        """Epoch progress at this instance, for the coordinator."""
+        return {"done": sorted(self._done_epochs), "pending_groups": len(self._pending_in),
+                "held_batches": len(self._held), "status": self.status}
 
     # -- fused steps --------------------------------------------------------------------------
     async def _run_steps(self, steps: list[Step], x, emitted: float) -> None:
@@ -344,6 +534,10 @@ class Instance:
             return
         if not len(x):
             return
+        async with self._xlocks[target]:
+            await self._route_keyed(target, x, emitted, key, key_name, name, chans)
+
+    async def _route_keyed(self, target, x, emitted, key, key_name, name, chans) -> None:
         if isinstance(key, str):
             if key not in x.columns:
                 from .exceptions import SchemaError
@@ -428,12 +622,16 @@ class Instance:
 
     # -- end of stream ---------------------------------------------------------------------------
     async def _finish(self) -> None:
+        while self._mig_tasks:
+            await asyncio.gather(*list(self._mig_tasks))
         for w in self._writers.values():
             w.close()
         self._writers.clear()
-        for chans in self.outputs.values():
-            for ch in chans:
-                await ch.send("eos", time.time(), None)
+        for target, chans in self.outputs.items():
+            async with self._xlocks[target]:
+                for ch in chans:
+                    await ch.send("eos", time.time(), None)
+        self._eos_sent = True
         for chans in self.outputs.values():
             for ch in chans:
                 await ch.drain()

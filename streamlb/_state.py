@@ -54,13 +54,19 @@ class _KeyIndex:
 
 
 class AggregateState:
-    """count / sum / min / max / mean per key, updated with vectorised numpy."""
+    """count / sum / min / max / mean per key, updated with vectorised numpy.
+
+    Keys get dense slots for the operator's lifetime; a key whose state moved away keeps its
+    slot, reset to the identity of every aggregate and marked absent, so moving it back
+    reuses it.
+    """
 
     def __init__(self, operator: str, spec: dict, key_name: str, key_groups: int) -> None:
         self.operator = operator
         self.spec = spec
         self.key_name = key_name
         self.index = _KeyIndex(key_groups, key_name)
+        self.present = np.zeros(0, bool)
         self.inputs = sorted({c for c, _ in spec.values()})
         self.hows = {c: {h for cc, h in spec.values() if cc == c} for c in self.inputs}
         self.cnt: dict[str, np.ndarray] = {}
@@ -69,6 +75,7 @@ class AggregateState:
         self.max: dict[str, np.ndarray] = {}
         self.dtypes: dict[str, np.dtype] = {}
 
+    # -- layout ------------------------------------------------------------------------------
     def _column(self, frame: pd.DataFrame, c: str) -> np.ndarray:
         if c not in frame.columns:
             raise SchemaError(
@@ -76,7 +83,7 @@ class AggregateState:
                 f"{', '.join(map(str, frame.columns))}"
             )
         # batches from another worker may sit unaligned in the receive buffer, which sends
-        # ufunc.at down a path 30x slower: copy those
+        # ufunc.at down a slow path: copy those
         arr = np.require(frame[c].to_numpy(), requirements="A")
         if self.hows[c] - {"count"} and arr.dtype.kind not in "iufb":
             raise SchemaError(
@@ -85,6 +92,36 @@ class AggregateState:
             )
         return arr
 
+    def _identity(self, table: str, dt: np.dtype):
+        if table == "min":
+            return np.inf if dt.kind == "f" else np.iinfo(dt).max
+        if table == "max":
+            return -np.inf if dt.kind == "f" else np.iinfo(dt).min
+        return 0
+
+    def _tables(self, c: str):
+        yield "cnt", self.cnt
+        if self.hows[c] & {"sum", "mean"}:
+            yield "sum", self.sum
+        if "min" in self.hows[c]:
+            yield "min", self.min
+        if "max" in self.hows[c]:
+            yield "max", self.max
+
+    def _init(self, c: str, kind: str) -> None:
+        dt = np.dtype(np.int64) if kind in "iub" else np.dtype(np.float64)
+        self.dtypes[c] = dt
+        for name, table in self._tables(c):
+            table[c] = np.zeros(0, np.int64 if name == "cnt" else dt)
+
+    def _grow_all(self) -> None:
+        n = self.index.n
+        self.present = _grow(self.present, n, False)
+        for c, dt in self.dtypes.items():
+            for name, table in self._tables(c):
+                table[c] = _grow(table[c], n, self._identity(name, dt))
+
+    # -- data -------------------------------------------------------------------------------
     def clean(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple | None]:
         """Split off rows whose value in a column that must be numeric is not a number.
 
@@ -107,76 +144,100 @@ class AggregateState:
             return frame, None
         return frame[~bad], (original[bad], [reasons[i] for i in sorted(reasons)])
 
-    def _init(self, c: str, arr: np.ndarray) -> None:
-        kind = arr.dtype.kind
-        dt = np.dtype(np.int64) if kind in "iub" else np.dtype(np.float64)
-        self.dtypes[c] = dt
-        self.cnt[c] = np.zeros(0, np.int64)
-        self.sum[c] = np.zeros(0, dt)
-        if "min" in self.hows[c]:
-            self.min[c] = np.zeros(0, dt)
-        if "max" in self.hows[c]:
-            self.max[c] = np.zeros(0, dt)
-
     def update(self, frame: pd.DataFrame) -> np.ndarray:
         """Apply one batch; return the slots it touched (labels per row)."""
         cols = {c: self._column(frame, c) for c in self.inputs}
-        labels = self.index.slots(frame[self.key_name].to_numpy())
-        n = self.index.n
         for c, arr in cols.items():
             if c not in self.dtypes:
-                self._init(c, arr)
+                self._init(c, arr.dtype.kind)
+        labels = self.index.slots(frame[self.key_name].to_numpy())
+        n = self.index.n
+        self._grow_all()
+        self.present[labels] = True
+        for c, arr in cols.items():
             dt = self.dtypes[c]
-            self.cnt[c] = cnt = _grow(self.cnt[c], n, 0)
             if arr.dtype.kind == "f":
                 valid = ~np.isnan(arr)
                 lab, vals = (labels, arr) if valid.all() else (labels[valid], arr[valid])
             elif arr.dtype.kind in "iub":
                 lab, vals = labels, arr.astype(dt, copy=False)
             else:
-                valid = ~pd.isna(arr)
-                lab, vals = labels[valid], None
-            cnt += np.bincount(lab, minlength=len(cnt))[: len(cnt)]
+                lab, vals = labels[~pd.isna(arr)], None
+            self.cnt[c][:n] += np.bincount(lab, minlength=n)
             if vals is None:
                 continue
-            if self.hows[c] & {"sum", "mean"}:
-                self.sum[c] = s = _grow(self.sum[c], n, 0)
+            if c in self.sum:
                 if dt.kind == "f":
                     # float ufunc.at runs ~30x slower than bincount on skewed labels
-                    s[:n] += np.bincount(lab, weights=vals, minlength=n)
+                    self.sum[c][:n] += np.bincount(lab, weights=vals, minlength=n)
                 else:
-                    np.add.at(s, lab, vals)   # int64 stays exact
+                    np.add.at(self.sum[c], lab, vals)   # int64 stays exact
             if c in self.min:
-                big = np.inf if dt.kind == "f" else np.iinfo(dt).max
-                self.min[c] = m = _grow(self.min[c], n, big)
-                np.minimum.at(m, lab, vals)
+                np.minimum.at(self.min[c], lab, vals)
             if c in self.max:
-                small = -np.inf if dt.kind == "f" else np.iinfo(dt).min
-                self.max[c] = m = _grow(self.max[c], n, small)
-                np.maximum.at(m, lab, vals)
+                np.maximum.at(self.max[c], lab, vals)
         return labels
 
+    # -- migration ---------------------------------------------------------------------------
+    def cut(self, groups) -> dict:
+        """Take the state of ``groups`` out: a picklable blob for :meth:`install`."""
+        n = self.index.n
+        sel = np.flatnonzero(self.present[:n] & np.isin(self.index.key_groups[:n], np.asarray(list(groups))))
+        blob = {"keys": self.index.keys[sel].copy() if n else np.empty(0, np.int64),
+                "dtypes": dict(self.dtypes), "tables": {}}
+        for c, dt in self.dtypes.items():
+            for name, table in self._tables(c):
+                blob["tables"][(name, c)] = table[c][sel].copy()
+                table[c][sel] = self._identity(name, dt)
+        self.present[sel] = False
+        return blob
+
+    def install(self, blob: dict) -> None:
+        """Merge state cut from another instance (its keys are absent here)."""
+        if not len(blob["keys"]):
+            return
+        for c, dt in blob["dtypes"].items():
+            if c not in self.dtypes:
+                self._init(c, dt.kind)
+        slots = self.index.slots(blob["keys"])
+        self._grow_all()
+        for (name, c), vals in blob["tables"].items():
+            t = getattr(self, name)[c]
+            if name in ("cnt", "sum"):
+                t[slots] += vals
+            elif name == "min":
+                t[slots] = np.minimum(t[slots], vals)
+            else:
+                t[slots] = np.maximum(t[slots], vals)
+        self.present[slots] = True
+
+    def key_group_counts(self, groups: int) -> np.ndarray:
+        """Keys held per key group."""
+        n = self.index.n
+        return np.bincount(self.index.key_groups[:n][self.present[:n]], minlength=groups)
+
+    # -- output ------------------------------------------------------------------------------
     def frame(self, slots: np.ndarray | None = None) -> pd.DataFrame:
         """State as a DataFrame indexed by key; only ``slots`` if given."""
         n = self.index.n
-        sel = slice(0, n) if slots is None else slots
-        keys = self.index.keys[:n][sel] if self.index.keys is not None else np.empty(0, np.int64)
+        sel = np.flatnonzero(self.present[:n]) if slots is None else slots
+        keys = self.index.keys[sel] if self.index.keys is not None else np.empty(0, np.int64)
         out = {}
         for name, (c, how) in self.spec.items():
             if c not in self.dtypes:
                 out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
                 continue
-            cnt = self.cnt[c][:n][sel]
+            cnt = self.cnt[c][sel]
             if how == "count":
-                out[name] = cnt.copy()
+                out[name] = cnt
             elif how == "sum":
-                out[name] = _grow(self.sum[c], n, 0)[:n][sel].copy()
+                out[name] = self.sum[c][sel]
             elif how == "mean":
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    out[name] = _grow(self.sum[c], n, 0)[:n][sel] / np.where(cnt == 0, np.nan, cnt)
+                    out[name] = self.sum[c][sel] / np.where(cnt == 0, np.nan, cnt)
             else:
-                v = getattr(self, how)[c][:n][sel]
-                out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v.copy()
+                v = getattr(self, how)[c][sel]
+                out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v
         return pd.DataFrame(out, index=pd.Index(keys, name=self.key_name))
 
 
@@ -192,8 +253,9 @@ def _py_values(col: pd.Series) -> list:
 class StatefulMapState:
     """Per-key Python state driven by ``func(state, record) -> (state, output)``."""
 
-    def __init__(self, operator: str, func, key_name: str) -> None:
+    def __init__(self, operator: str, func, key_name: str, key_groups: int) -> None:
         self.operator = operator
+        self.groups = key_groups
         self.func = getattr(func, "func", func)   # unwrap UserFunction: one call less per record
         self.key_name = key_name
         self.states: dict = {}
@@ -224,6 +286,31 @@ class StatefulMapState:
                 operator=self.operator, function=describe(func), record=record,
             ) from exc
         return outs
+
+    def cut(self, groups) -> dict:
+        """Take the state of the keys in ``groups`` out, as a picklable blob."""
+        if not self.states:
+            return {"states": {}}
+        keys = list(self.states)
+        kg = assign_to_key_group(np.array(keys, dtype=object if isinstance(keys[0], str) else None),
+                                 self.groups, name=self.key_name)
+        moving = np.isin(kg, np.asarray(list(groups)))
+        out = {}
+        for k, m in zip(keys, moving):
+            if m:
+                out[k] = self.states.pop(k)
+        return {"states": out}
+
+    def install(self, blob: dict) -> None:
+        self.states.update(blob["states"])
+
+    def key_group_counts(self, groups: int) -> np.ndarray:
+        if not self.states:
+            return np.zeros(groups, np.int64)
+        keys = list(self.states)
+        kg = assign_to_key_group(np.array(keys, dtype=object if isinstance(keys[0], str) else None),
+                                 groups, name=self.key_name)
+        return np.bincount(kg, minlength=groups)
 
     def frame(self) -> pd.DataFrame:
         keys = list(self.states)

@@ -16,6 +16,7 @@ __all__ = [
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
+    "MigrationError",
 ]
 
 
@@ -72,3 +73,8 @@ class UserFunctionError(StreamlbError, RuntimeError):
 
 class JobFailedError(StreamlbError, RuntimeError):
     """The job stopped because an instance failed; the cause is chained."""
+
+
+class MigrationError(StreamlbError, ValueError):
+    """A move of key groups was refused (bad instance or key group, job not running) or
+    could not complete; the job keeps running on its current routing."""

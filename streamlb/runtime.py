@@ -118,6 +118,7 @@ class Job:
         self.error: BaseException | None = None
         self._last: list[dict] = []
         self._dead: list[dict] = []
+        self.history: list[dict] = []     # one entry per completed migration epoch
         by_id = {s.id: s for s in plan.stages}
         ups = {s.id: by_id[s.upstream].parallelism if s.upstream is not None else 0 for s in plan.stages}
         futures = {}
@@ -126,7 +127,8 @@ class Job:
                 w = workers[(i + st.id) % len(workers)]
                 futures[(st.id, i)] = client.submit(
                     Instance, st, i, ups[st.id], job=self.id, key_groups=key_groups,
-                    window=window, credits=credits, actor=True, workers=[w],
+                    window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
+                    actor=True, workers=[w],
                     allow_other_workers=False, pure=False, key=f"streamlb-{self.id}-{st.id}-{i}",
                 )
         self._futures = futures  # actors referenced only by actors would be collected
@@ -148,7 +150,8 @@ class Job:
         calls = []
         for (sid, i), a in self.actors.items():
             outs = {d: peers[d] for d in downstream[sid]}
-            calls.append(a.connect(outs, {d: self.tables[d] for d in outs if d in self.tables}, exchanges))
+            calls.append(a.connect(outs, {d: self.tables[d] for d in outs if d in self.tables},
+                                   exchanges, peers[sid]))
         self.workers_of = dict(zip(self.actors, [c.result() for c in calls]))
         order = sorted(self.actors, key=lambda k: by_id[k[0]].is_source)
         for c in [self.actors[k].start() for k in order]:
@@ -270,6 +273,38 @@ class Job:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    # -- live migration --------------------------------------------------------------------------
+    def routing(self, operator: str) -> RoutingTable:
+        """The current routing table (key group -> instance, with its epoch) of ``operator``."""
+        st = self.plan.stage(operator)
+        if st.id not in self.tables:
+            raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have a routing table")
+        return self.tables[st.id]
+
+    def migrate(self, operator: str, key_groups, to_instance: int, strategy: str | None = None) -> RoutingTable:
+        """Move ``key_groups`` of ``operator`` to ``to_instance`` while the job runs.
+
+        Parameters
+        ----------
+        operator : str
+            A keyed operator (``aggregate`` or ``stateful_map``).
+        key_groups : iterable of int
+            Key groups in ``0..G-1``; those already on ``to_instance`` are skipped.
+        to_instance : int
+            The new owner, in ``0..parallelism-1``.
+        strategy : str, optional
+            ``all-at-once``, ``fluid``, ``lazy`` or ``pause`` (default: setting
+            ``streamlb.migration.strategy``).
+
+        Returns
+        -------
+        RoutingTable
+            The table in force when the last epoch of the move completed.
+        """
+        from ._coordinator import migrate
+
+        return migrate(self, operator, key_groups, to_instance, strategy)
 
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):

@@ -44,7 +44,63 @@ def test_string_keys_and_emitted_slots():
 
 
 def test_stateful_map_keeps_per_key_order():
-    store = StatefulMapState("m", lambda s, r: ((s or []) + [r["x"]], len(s or [])), "k")
+    store = StatefulMapState("m", lambda s, r: ((s or []) + [r["x"]], len(s or [])), "k", 16)
     outs = store.update(pd.DataFrame({"k": [1, 2, 1, 1], "x": [10, 20, 30, 40]}))
     assert outs == [0, 0, 1, 2]
     assert store.frame()["state"].to_dict() == {1: [10, 30, 40], 2: [20]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=hnp.arrays(np.int64, st.integers(1, 400), elements=st.integers(0, 60)),
+    moves=st.lists(st.tuples(st.integers(0, 400), st.sets(st.integers(0, 7), min_size=1)), max_size=6),
+    data=st.data(),
+)
+def test_cut_and_install_move_state_without_loss(keys, moves, data):
+    """Two owners, key groups moving between them mid-stream: merged state equals pandas."""
+    from streamlb.keygroups import assign_to_key_group
+
+    G = 8
+    n = len(keys)
+    v = data.draw(hnp.arrays(np.float64, n, elements=st.one_of(
+        st.integers(-50, 50).map(float), st.just(np.nan))))
+    df = pd.DataFrame({"k": keys, "v": v, "i": keys * 3})
+    groups = assign_to_key_group(keys, G)
+    owner = np.array([g % 2 for g in range(G)])
+    stores = [AggregateState("agg", SPEC, "k", G), AggregateState("agg", SPEC, "k", G)]
+    at = sorted(moves, key=lambda m: m[0])
+    pos = 0
+    for cut_at, moved in at + [(n, set())]:
+        cut_at = min(cut_at, n)
+        if cut_at > pos:
+            part, g = df.iloc[pos:cut_at], groups[pos:cut_at]
+            for i in (0, 1):
+                rows = part[owner[g] == i]
+                if len(rows):
+                    stores[i].update(rows)
+            pos = cut_at
+        for grp in moved:
+            src = owner[grp]
+            stores[1 - src].install(stores[src].cut({grp}))
+            owner[grp] = 1 - src
+    got = pd.concat([s.frame() for s in stores]).sort_index()
+    assert not got.index.duplicated().any()
+    want = df.groupby("k").agg(**SPEC)
+    assert got.index.tolist() == want.index.tolist()
+    for c in SPEC:
+        np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float), err_msg=c)
+    for i in (0, 1):   # every key sits with the owner of its group
+        held = stores[i].frame().index.to_numpy()
+        assert (owner[assign_to_key_group(held, G)] == i).all() if len(held) else True
+
+
+def test_stateful_map_cut_and_install():
+    a = StatefulMapState("m", lambda s, r: ((s or 0) + 1, None), "k", 8)
+    b = StatefulMapState("m", lambda s, r: ((s or 0) + 1, None), "k", 8)
+    a.update(pd.DataFrame({"k": list(range(20))}))
+    from streamlb.keygroups import assign_to_key_group
+
+    g = set(assign_to_key_group(np.arange(20), 8)[:3].tolist())
+    b.install(a.cut(g))
+    assert set(a.states) | set(b.states) == set(range(20)) and not set(a.states) & set(b.states)
+    assert set(assign_to_key_group(np.array(list(b.states)), 8).tolist()) <= g
