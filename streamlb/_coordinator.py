@@ -95,9 +95,13 @@ def _epoch(job, st, groups: list[int], to: int, strategy: str) -> None:
         routers = [job.actors[(st.upstream, i)] for i in range(job.plan.stages[st.upstream].parallelism)]
         _results([r.set_table(st.id, new) for r in routers], timeout, f"switch routers of {st.name} to epoch {epoch}")
         involved = [to, *outgoing]
-        _wait(lambda: all(epoch in r["done"] for r in _results([actor(i).epochs() for i in involved], timeout,
-                                                                 "epoch status")),
-              timeout, f"epoch {epoch} of {st.name} to complete")
+        status: list[dict] = []
+
+        def complete() -> bool:
+            status[:] = _results([actor(i).epochs() for i in involved], timeout, "epoch status")
+            return all(epoch in r["done"] for r in status)
+
+        _wait(complete, timeout, f"epoch {epoch} of {st.name} to complete")
     finally:
         if paused:
             _results([a.resume() for a in sources], timeout, "resume the sources")
@@ -105,6 +109,7 @@ def _epoch(job, st, groups: list[int], to: int, strategy: str) -> None:
     job.history.append({
         "operator": st.name, "epoch": epoch, "strategy": strategy, "key_groups": list(groups),
         "from": sorted(outgoing), "to": to, "started": t0, "completed": time.time(),
+        "applied_while_waiting": status[0]["applied_while_waiting"].get(epoch, 0),
     })
 
 

@@ -93,6 +93,7 @@ class _Migration:
         self.sent: set[int] = set()
         self.requested: set[int] = set()
         self.installed: set[int] = set()
+        self.applied_while_waiting = 0
 
 
 class _Held:
@@ -338,6 +339,10 @@ class Instance:
         if out is not None:
             await self._run_steps(st.children, out, emitted)
         self.records_in += n
+        if self._pending_in:
+            # records of other key groups applied while this owner waits for state
+            for m in {id(m): m for m in self._pending_in.values()}.values():
+                m.applied_while_waiting += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
         return held
 
@@ -464,7 +469,8 @@ class Instance:
     def epochs(self) -> dict:
         """Epoch progress at this instance, for the coordinator."""
         return {"done": sorted(self._done_epochs), "pending_groups": len(self._pending_in),
-                "held_batches": len(self._held), "status": self.status}
+                "held_batches": len(self._held), "status": self.status,
+                "applied_while_waiting": {e: m.applied_while_waiting for e, m in self._migs.items()}}
 
     # -- fused steps --------------------------------------------------------------------------
     async def _run_steps(self, steps: list[Step], x, emitted: float) -> None:

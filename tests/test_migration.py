@@ -1,0 +1,125 @@
+"""Live migration of key groups under every strategy, on 2 worker processes."""
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from streamz import Stream
+
+import streamlb
+from streamlb import MigrationError
+from test_pipeline import check_running_count, running_count
+
+pytestmark = pytest.mark.spark
+
+G = 64
+STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
+AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        yield c
+
+
+def pipeline(path, rate):
+    src = Stream.from_parquet(path, batch_size=10_000, rate=rate)
+    src.key_by("key").aggregate(AGG, parallelism=3, name="totals")
+    outs = src.key_by("key").stateful_map(running_count, parallelism=3, name="running").sink_to_list()
+    return src, outs
+
+
+moves = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.25),                                   # pause before the move
+        st.sampled_from(["totals", "running"]),
+        st.sets(st.integers(0, G - 1), min_size=1, max_size=24),
+        st.integers(0, 2),                                      # new owner
+    ),
+    min_size=1, max_size=4,
+)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(moves=moves)
+def test_random_moves_lose_nothing_and_keep_per_key_order(two_workers, zipf_path, zipf_frame, strategy, moves):
+    src, outs = pipeline(zipf_path, rate=400_000)
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        for delay, op, groups, to in moves:
+            time.sleep(delay)
+            if job._poll() and all(r["status"] == "done" for r in job._last):
+                break
+            job.migrate(op, groups, to, strategy=strategy)
+            table = job.routing(op)
+            assert (table.owners[sorted(groups)] == to).all()
+        job.wait(timeout=120)
+        truth = zipf_frame.groupby("key").agg(**AGG)
+        pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
+        check_running_count(pd.concat(outs), job.state("running"), zipf_frame)
+        for op in ("totals", "running"):    # every key ended on the owner of its group
+            held = job.state(op).index.to_numpy()
+            assert len(held) == zipf_frame.key.nunique()
+
+
+@pytest.fixture(scope="module")
+def wide_path(tmp_path_factory):
+    """1.5M rows over 1.2M keys (a large state), written as 4 Parquet files."""
+    rng = np.random.default_rng(5)
+    n = 1_500_000
+    df = pd.DataFrame({"key": rng.permutation(np.arange(n, dtype=np.int64))[:n] % 1_200_000,
+                       "value": rng.integers(0, 100, n).astype(float)})
+    path = tmp_path_factory.mktemp("wide")
+    for p in range(4):
+        df.iloc[p::4].to_parquet(path / f"part-{p}.parquet", index=False)
+    return str(path), df
+
+
+def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path):
+    path, df = wide_path
+    src = Stream.from_parquet(path, batch_size=20_000, rate=1_000_000)
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
+    with streamlb.run(src, client=two_workers, key_groups=G, window="50ms") as job:
+        time.sleep(0.9)
+        moving = job.routing("n").key_groups_of(0)
+        job.migrate("n", moving, 1, strategy="all-at-once")
+        job.wait(timeout=120)
+        rec = job.history[-1]
+        m = job.metrics()
+        state = job.state("n")
+    assert state["n"].sum() == len(df) and len(state) == df.key.nunique()
+    # the new owner applied records of the groups it already had while it waited for state
+    assert rec["applied_while_waiting"] > 0
+    # and the instance not involved kept applying records throughout the migration window
+    bystander = m[(m.operator == "n") & (m.instance == 2)]
+    start = pd.Timestamp(rec["started"], unit="s").floor("50ms")
+    during = bystander[(bystander.window_start >= start)
+                       & (bystander.window_start <= pd.Timestamp(rec["completed"], unit="s"))]
+    assert during.records.sum() > 0, (rec, bystander)
+
+
+def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_path, zipf_frame):
+    src, outs = pipeline(zipf_path, rate=600_000)
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        before = job.routing("totals")
+        with pytest.raises(MigrationError, match=r"'totals' has instances 0..2; cannot move key groups to instance 7"):
+            job.migrate("totals", [1, 2], 7)
+        with pytest.raises(MigrationError, match=r"'totals': key group 64 is outside 0..63"):
+            job.migrate("totals", [3, 64], 1)
+        with pytest.raises(ValueError, match="unknown migration strategy 'teleport'; valid strategies are "
+                                             "all-at-once, fluid, lazy, pause"):
+            job.migrate("totals", [3], 1, strategy="teleport")
+        with pytest.raises(KeyError, match="no operator named 'nope'"):
+            job.migrate("nope", [3], 1)
+        after = job.routing("totals")
+        assert after.epoch == before.epoch and (after.owners == before.owners).all()
+        job.wait(timeout=120)
+        pd.testing.assert_frame_equal(job.state("totals"), zipf_frame.groupby("key").agg(**AGG), check_dtype=False)
+        with pytest.raises(MigrationError, match="is done; migrations need a running job"):
+            job.migrate("totals", [3], 1)
