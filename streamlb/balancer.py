@@ -1,0 +1,187 @@
+"""The balancer interface: a pure function from a load report to a plan.
+
+A balancer never touches actors or the scheduler: it sees a :class:`LoadReport` and returns
+a list of :class:`Move`. The plugin, not the policy, enforces one migration in flight per
+exchange, a cool-down and a cap on key groups per epoch. Policies are found by name in the
+entry-point group ``streamlb.balancers``; the built-ins in ``balancers/`` are registered there
+exactly as a third party registers its own.
+
+Examples
+--------
+>>> import numpy as np
+>>> report = LoadReport(operator="totals", owners=np.array([0, 0, 1, 1]),
+...                     group_load=np.array([50.0, 30.0, 10.0, 10.0]), instances=2)
+>>> report.instance_load().tolist()
+[80.0, 20.0]
+>>> apply_plan(report.owners, [Move((1,), 0, 1)]).tolist()
+[0, 1, 1, 1]
+"""
+from __future__ import annotations
+
+import abc
+import warnings
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import numpy as np
+
+__all__ = ["Balancer", "LoadReport", "Move", "apply_plan", "get_balancer", "available_balancers",
+           "check_plan"]
+
+GROUP = "streamlb.balancers"
+
+
+@dataclass(frozen=True)
+class Move:
+    """Move ``key_groups`` from ``from_instance`` to ``to_instance``."""
+
+    key_groups: tuple[int, ...]
+    from_instance: int
+    to_instance: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_groups", tuple(int(g) for g in self.key_groups))
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Load of one keyed operator over one load window.
+
+    Attributes
+    ----------
+    operator : str
+        The operator's name.
+    owners : ndarray of int, shape (G,)
+        The routing table in force: key group -> instance.
+    group_load : ndarray of float, shape (G,)
+        Records per key group in the window (the load measure).
+    instances : int
+        Parallelism n; valid instances are 0..n-1.
+    epoch : int
+        Epoch of ``owners``.
+    window_start, window : float
+        Start (epoch seconds) and length (seconds) of the window.
+    busy_seconds, queued_batches : ndarray, shape (n,)
+        Per instance, as measured (zeros where unknown).
+    recently_moved : frozenset of int
+        Key groups moved in the last few epochs, for hysteresis.
+    """
+
+    operator: str
+    owners: np.ndarray
+    group_load: np.ndarray
+    instances: int
+    epoch: int = 0
+    window_start: float = 0.0
+    window: float = 1.0
+    busy_seconds: np.ndarray = field(default=None)
+    queued_batches: np.ndarray = field(default=None)
+    recently_moved: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        owners = np.asarray(self.owners, dtype=np.int64)
+        load = np.asarray(self.group_load, dtype=np.float64)
+        if owners.ndim != 1 or load.shape != owners.shape:
+            raise ValueError(
+                f"load report for {self.operator!r}: owners and group_load must be 1-D of the same "
+                f"length (one entry per key group), got shapes {owners.shape} and {load.shape}"
+            )
+        if not isinstance(self.instances, (int, np.integer)) or self.instances < 1:
+            raise ValueError(f"load report for {self.operator!r}: instances must be >= 1, got {self.instances!r}")
+        if len(owners) and (owners.min() < 0 or owners.max() >= self.instances):
+            raise ValueError(
+                f"load report for {self.operator!r}: owners name instance {int(owners.max())}; "
+                f"valid instances are 0..{self.instances - 1}"
+            )
+        if (load < 0).any() or not np.isfinite(load).all():
+            raise ValueError(f"load report for {self.operator!r}: group_load must be finite and >= 0")
+        for name, arr in (("owners", owners), ("group_load", load)):
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        for name in ("busy_seconds", "queued_batches"):
+            v = getattr(self, name)
+            v = np.zeros(self.instances) if v is None else np.asarray(v, dtype=np.float64)
+            v.setflags(write=False)
+            object.__setattr__(self, name, v)
+        object.__setattr__(self, "recently_moved", frozenset(int(g) for g in self.recently_moved))
+
+    @property
+    def key_groups(self) -> int:
+        return len(self.owners)
+
+    def instance_load(self) -> np.ndarray:
+        """Load per instance: the sum of its key groups' load."""
+        return np.bincount(self.owners, weights=self.group_load, minlength=self.instances)
+
+    def imbalance(self) -> float:
+        """max / mean instance load (1.0 is perfect; 1.0 when there is no load)."""
+        load = self.instance_load()
+        return float(load.max() / load.mean()) if load.sum() > 0 else 1.0
+
+
+class Balancer(abc.ABC):
+    """A load-balancing policy: one pure, deterministic method."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def plan(self, report: LoadReport) -> list[Move]:
+        """The moves to make now; ``[]`` for none."""
+
+
+def apply_plan(owners: np.ndarray, plan: list[Move]) -> np.ndarray:
+    """The routing table after ``plan``; raise ValueError for a move that does not fit."""
+    out = np.array(owners, dtype=np.int64, copy=True)
+    for mv in plan:
+        for g in mv.key_groups:
+            if not 0 <= g < len(out):
+                raise ValueError(f"move {mv}: key group {g} is outside 0..{len(out) - 1}")
+            if out[g] != mv.from_instance:
+                raise ValueError(f"move {mv}: key group {g} is on instance {out[g]}, not {mv.from_instance}")
+            out[g] = mv.to_instance
+    return out
+
+
+def check_plan(report: LoadReport, plan: list[Move]) -> np.ndarray:
+    """Validate ``plan`` against ``report``; return the new owners."""
+    for mv in plan:
+        for inst in (mv.from_instance, mv.to_instance):
+            if not 0 <= inst < report.instances:
+                raise ValueError(
+                    f"move {mv} names instance {inst}; {report.operator!r} has instances 0..{report.instances - 1}"
+                )
+    return apply_plan(report.owners, plan)
+
+
+def group_moves(old: np.ndarray, new: np.ndarray) -> list[Move]:
+    """The moves turning ``old`` owners into ``new``, one per (from, to) pair, sorted."""
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for g in np.flatnonzero(old != new):
+        pairs.setdefault((int(old[g]), int(new[g])), []).append(int(g))
+    return [Move(tuple(gs), a, b) for (a, b), gs in sorted(pairs.items())]
+
+
+def available_balancers() -> dict[str, object]:
+    """Entry points of group ``streamlb.balancers`` by name; a clash warns, first wins."""
+    found: dict[str, object] = {}
+    for ep in entry_points(group=GROUP):
+        if ep.name in found and found[ep.name].value != ep.value:
+            warnings.warn(f"balancer {ep.name!r} is registered twice ({found[ep.name].value} and "
+                          f"{ep.value}); using the first", RuntimeWarning, stacklevel=2)
+            continue
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def get_balancer(name: str | Balancer, **kwargs) -> Balancer:
+    """Build the balancer registered as ``name`` (an instance is returned as is)."""
+    if isinstance(name, Balancer):
+        return name
+    eps = available_balancers()
+    if name not in eps:
+        raise ValueError(f"unknown balancer {name!r}; valid balancers are {', '.join(sorted(eps)) or '(none installed)'}")
+    cls = eps[name].load()
+    bal = cls(**kwargs)
+    if not isinstance(bal, Balancer):
+        raise TypeError(f"balancer {name!r} ({eps[name].value}) is not a streamlb.balancer.Balancer")
+    return bal
