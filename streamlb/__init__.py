@@ -17,6 +17,8 @@ from .exceptions import (
     UserFunctionError,
 )
 from .keygroups import assign_to_key_group, stable_hash
+from .balancer import Balancer, LoadReport, Move
+from .plugin import BalancerPlugin
 from .routing import RoutingTable
 from .runtime import METRIC_COLUMNS, Job, run
 
@@ -27,6 +29,10 @@ __all__ = [
     "Job",
     "METRIC_COLUMNS",
     "RoutingTable",
+    "BalancerPlugin",
+    "Balancer",
+    "LoadReport",
+    "Move",
     "assign_to_key_group",
     "stable_hash",
     "StreamlbError",

@@ -1,29 +1,34 @@
-"""Carry out moves of key groups with the epoch protocol (driver side).
+"""Carry out moves of key groups with the epoch protocol.
 
 For one keyed exchange with routers U (the upstream instances) and owners D:
 
-1. the owners that give or take key groups are told ahead (``prepare``);
+1. the owners that give or take key groups are told ahead (``prepare``), new owners first;
 2. every router switches to the new table at a batch boundary and puts marker(e+1) on every
    channel after its last epoch-e batch (``set_table``);
 3. an owner giving groups away keeps processing; once it holds marker(e+1) (or end of stream)
    from every router it cuts their state out and sends it to the new owner;
 4. the new owner processes every other group at once and holds back rows of incoming groups
    until their state is installed, then applies them in arrival order;
-5. the epoch is complete when the new owner has installed every incoming group.
+5. the epoch is complete when every involved owner says so.
 
-Only one migration runs per exchange at a time.
+The same code runs in the driver (manual moves of a job without a balancer) and in the
+scheduler plugin; ``call(address, key, method, *args)`` is how it reaches an actor.
+Only one migration runs per keyed exchange at a time.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from . import config
-from .exceptions import MigrationError, PipelineError
+from .exceptions import MigrationError
 from .routing import RoutingTable
 
 STRATEGIES = ("all-at-once", "fluid", "lazy", "pause")
+
+Call = Callable[..., Awaitable]
 
 
 def check_strategy(strategy: str) -> str:
@@ -32,92 +37,171 @@ def check_strategy(strategy: str) -> str:
     return strategy
 
 
-def _results(futures, timeout: float, what: str):
-    out = []
-    for f in futures:
+async def actor_call(rpc_pool, address: str, key: str, method: str, *args):
+    """Call an actor method through a connection pool (a worker's, a client's or the
+    scheduler's ``rpc``)."""
+    from distributed.protocol import to_serialize
+
+    resp = await rpc_pool(address).actor_execute(
+        function=method, actor=key, args=[to_serialize(a) for a in args], kwargs={})
+    if resp["status"] != "OK":
+        raise _unwrap(resp["exception"])
+    return _unwrap(resp["result"])
+
+
+def _unwrap(x):
+    # the scheduler's comms leave payloads serialised; a client's already deserialise them
+    from distributed.protocol import Serialized, deserialize
+
+    return deserialize(x.header, x.frames) if isinstance(x, Serialized) else x
+
+
+class OperatorControl:
+    """Routing state of one keyed operator."""
+
+    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable) -> None:
+        self.name = name
+        self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
+        self.routers = [tuple(p) for p in routers]
+        self.table = table
+        self.in_flight = False
+        self.last_completed = 0.0
+        self.moved_at: dict[int, int] = {}             # key group -> epoch it last moved in
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+
+class JobControl:
+    """What a coordinator needs to know about a job: its actors and routing tables."""
+
+    def __init__(self, topology: dict) -> None:
+        self.job = topology["job"]
+        self.key_groups = int(topology["key_groups"])
+        self.sources = [tuple(p) for p in topology["sources"]]
+        self.instances = [tuple(p) for p in topology["instances"]]
+        self.operators = {
+            name: OperatorControl(name, op["owners"], op["routers"],
+                                  RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])))
+            for name, op in topology["operators"].items()
+        }
+        self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
+        self.history: list[dict] = []
+
+    def operator(self, name: str) -> OperatorControl:
+        if name not in self.operators:
+            raise MigrationError(
+                f"job {self.job} has no keyed operator {name!r}; keyed operators: {', '.join(self.operators)}"
+            )
+        return self.operators[name]
+
+    def validate(self, operator: str, key_groups, to_instance) -> list[int]:
+        """Key groups to move; raise MigrationError naming what is wrong."""
+        op = self.operator(operator)
+        n, G = op.table.parallelism, op.table.key_groups
+        if not isinstance(to_instance, (int, np.integer)) or not 0 <= to_instance < n:
+            raise MigrationError(
+                f"operator {operator!r} has instances 0..{n - 1}; cannot move key groups to instance {to_instance!r}"
+            )
+        groups = sorted({int(g) for g in key_groups})
+        bad = [g for g in groups if not 0 <= g < G]
+        if bad:
+            raise MigrationError(f"operator {operator!r}: key group {bad[0]} is outside 0..{G - 1}")
+        return groups
+
+
+async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[int, int], strategy: str,
+                  *, fluid_step: int, timeout: float) -> RoutingTable:
+    """Move each key group of ``assignment`` to its new owner, one epoch per step."""
+    check_strategy(strategy)
+    op = ctl.operator(operator)
+    async with op.lock:
+        op.in_flight = True
         try:
-            out.append(f.result(timeout=timeout))
-        except Exception as exc:
-            raise MigrationError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-    return out
+            moving = [(g, to) for g, to in sorted(assignment.items()) if op.table.owners[g] != to]
+            step = fluid_step if strategy == "fluid" else max(len(moving), 1)
+            for i in range(0, len(moving), step):
+                await _epoch(ctl, call, op, dict(moving[i:i + step]), strategy, timeout)
+        finally:
+            op.in_flight = False
+            op.last_completed = time.time()
+    return op.table
 
 
-def migrate(job, operator: str, key_groups, to_instance: int, strategy: str | None) -> RoutingTable:
-    st = job.plan.stage(operator)
-    if st.id not in job.tables:
-        raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators can migrate state")
-    strategy = check_strategy(config.get("migration.strategy", strategy))
-    table: RoutingTable = job.tables[st.id]
-    G, n = table.key_groups, table.parallelism
-    if not isinstance(to_instance, (int, np.integer)) or not 0 <= to_instance < n:
-        raise MigrationError(
-            f"operator {operator!r} has instances 0..{n - 1}; cannot move key groups to instance {to_instance!r}"
-        )
-    groups = sorted({int(g) for g in key_groups})
-    bad = [g for g in groups if not 0 <= g < G]
-    if bad:
-        raise MigrationError(f"operator {operator!r}: key group {bad[0]} is outside 0..{G - 1}")
-    if job.status != "running":
-        raise MigrationError(f"job {job.id} is {job.status}; migrations need a running job")
-    moving = [g for g in groups if table.owners[g] != to_instance]
-    if not moving:
-        return table
-    step = config.get("migration.fluid-step") if strategy == "fluid" else len(moving)
-    for i in range(0, len(moving), step):
-        _epoch(job, st, moving[i:i + step], int(to_instance), strategy)
-    return job.tables[st.id]
+async def _gather(what: str, coros) -> list:
+    try:
+        return await asyncio.gather(*coros)
+    except Exception as exc:
+        raise MigrationError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _epoch(job, st, groups: list[int], to: int, strategy: str) -> None:
-    timeout = config.seconds("migration.timeout")
-    old: RoutingTable = job.tables[st.id]
+async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: dict[int, int],
+                 strategy: str, timeout: float) -> None:
+    old = op.table
     owners = old.owners.copy()
-    owners[groups] = to
+    for g, to in assignment.items():
+        owners[g] = to
     new = RoutingTable(owners, old.parallelism, old.epoch + 1)
     epoch = new.epoch
     outgoing: dict[int, dict[int, list[int]]] = {}
-    for g in groups:
-        outgoing.setdefault(int(old.owners[g]), {}).setdefault(to, []).append(g)
-    incoming = {g: int(old.owners[g]) for g in groups}
-    actor = lambda i: job.actors[(st.id, i)]  # noqa: E731
+    incoming: dict[int, dict[int, int]] = {}
+    for g, to in assignment.items():
+        frm = int(old.owners[g])
+        outgoing.setdefault(frm, {}).setdefault(to, []).append(g)
+        incoming.setdefault(to, {})[g] = frm
+    peer = op.owners
     t0 = time.time()
-    # the new owner first, so it holds back incoming groups before any router switches
-    _results([actor(to).prepare(epoch, strategy, {}, incoming)], timeout, f"prepare epoch {epoch} on {st.name}[{to}]")
-    _results([actor(i).prepare(epoch, strategy, out, {}) for i, out in outgoing.items()], timeout,
-             f"prepare epoch {epoch} on the old owners of {st.name}")
-    sources = [a for (sid, _), a in job.actors.items() if job.plan.stages[sid].is_source]
+    await _gather(f"prepare epoch {epoch} of {op.name}",
+                  [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()])
+    await _gather(f"prepare epoch {epoch} of {op.name}",
+                  [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])
     paused = strategy == "pause"
     try:
         if paused:
-            _results([a.pause() for a in sources], timeout, "pause the sources")
-            _wait(lambda: all(_results([a.idle() for a in job.actors.values()], timeout, "drain")), timeout,
-                  f"job {job.id} to drain before epoch {epoch}")
-        routers = [job.actors[(st.upstream, i)] for i in range(job.plan.stages[st.upstream].parallelism)]
-        _results([r.set_table(st.id, new) for r in routers], timeout, f"switch routers of {st.name} to epoch {epoch}")
-        involved = [to, *outgoing]
+            await _gather("pausing the sources", [call(*s, "pause") for s in ctl.sources])
+            await _until(lambda: _all_idle(ctl, call), timeout, f"job {ctl.job} to drain before epoch {epoch}")
+        await _gather(f"switching the routers of {op.name} to epoch {epoch}",
+                      [call(*r, "set_table", _target(ctl, op), new) for r in op.routers])
+        op.table = new          # the routers route by it now, whatever happens next
+        involved = sorted({*incoming, *outgoing})
         status: list[dict] = []
 
-        def complete() -> bool:
-            status[:] = _results([actor(i).epochs() for i in involved], timeout, "epoch status")
-            return all(epoch in r["done"] for r in status)
+        async def complete() -> bool:
+            status[:] = await _gather("epoch status", [call(*peer[i], "epochs") for i in involved])
+            return all(epoch in s["done"] for s in status)
 
-        _wait(complete, timeout, f"epoch {epoch} of {st.name} to complete")
+        await _until(complete, timeout, f"epoch {epoch} of {op.name} to complete")
     finally:
         if paused:
-            _results([a.resume() for a in sources], timeout, "resume the sources")
-    job.tables[st.id] = new
-    job.history.append({
-        "operator": st.name, "epoch": epoch, "strategy": strategy, "key_groups": list(groups),
-        "from": sorted(outgoing), "to": to, "started": t0, "completed": time.time(),
-        "applied_while_waiting": status[0]["applied_while_waiting"].get(epoch, 0),
+            await _gather("resuming the sources", [call(*s, "resume") for s in ctl.sources])
+    for g in assignment:
+        op.moved_at[g] = epoch
+    by_instance = dict(zip(involved, status))
+    ctl.history.append({
+        "operator": op.name, "epoch": epoch, "strategy": strategy,
+        "key_groups": sorted(assignment), "from": sorted(outgoing), "to": sorted(incoming),
+        "started": t0, "completed": time.time(),
+        "applied_while_waiting": int(sum(by_instance[i]["applied_while_waiting"].get(epoch, 0) for i in incoming)),
     })
 
 
-def _wait(cond, timeout: float, what: str) -> None:
+def _target(ctl: JobControl, op: OperatorControl) -> int:
+    return ctl.stage_ids[op.name]
+
+
+async def _all_idle(ctl: JobControl, call: Call) -> bool:
+    return all(await _gather("drain check", [call(*p, "idle") for p in ctl.instances]))
+
+
+async def _until(cond, timeout: float, what: str) -> None:
     deadline = time.time() + timeout
     delay = 0.002
-    while not cond():
+    while not await cond():
         if time.time() > deadline:
             raise MigrationError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(delay)
+        await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)

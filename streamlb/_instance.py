@@ -54,18 +54,18 @@ class _Channel:
         self.seq = 0
         self.tasks: set = set()
 
-    async def send(self, kind: str, emitted: float, frame) -> None:
+    async def send(self, kind: str, emitted: float, frame, groups=None) -> None:
         t0 = time.perf_counter()
         await self.sem.acquire()
         self.owner._blocked += time.perf_counter() - t0
         seq, self.seq = self.seq, self.seq + 1
-        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame))
+        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame, groups))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _do(self, seq, kind, emitted, frame) -> None:
+    async def _do(self, seq, kind, emitted, frame, groups) -> None:
         try:
-            await self.peer.call("push", self.sender, seq, kind, emitted, frame)
+            await self.peer.call("push", self.sender, seq, kind, emitted, frame, groups)
         except Exception as exc:  # the receiver or its worker is gone: the job cannot go on
             self.owner._fail(StreamlbError(
                 f"instance {self.owner.label} could not send to {self.peer.key} on "
@@ -173,11 +173,15 @@ class Instance:
 
     # -- wiring -------------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
-                      exchanges: dict[int, tuple], siblings: list[tuple[str, str]]) -> str:
+                      exchanges: dict[int, tuple], siblings: list[tuple[str, str]],
+                      report: bool = False) -> str:
         from distributed import get_worker
 
         self.worker = get_worker()
         self.siblings = [_Peer(self.worker, a, k) for a, k in siblings]
+        # keyed owners of a balanced job report load per key group each window
+        self._report = report and self.store is not None
+        self._win_groups = np.zeros(self.key_groups if self._report else 0, np.int64)
         self._xlocks = collections.defaultdict(asyncio.Lock)
         self._gate = asyncio.Event()
         self._gate.set()
@@ -265,9 +269,11 @@ class Instance:
                 yield df
 
     # -- receivers ------------------------------------------------------------------------
-    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame) -> None:
+    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame, groups=None) -> None:
         fut = asyncio.get_running_loop().create_future()
         pending = self._in[sender]
+        if groups is not None:
+            frame = (frame, groups)
         pending[seq] = (sender, kind, emitted, frame, fut)
         nxt = self._next[sender]
         while nxt in pending:
@@ -286,7 +292,10 @@ class Instance:
             held = False
             try:
                 if kind == "data":
-                    held = await self._apply(frame, emitted, fut)
+                    groups = None
+                    if isinstance(frame, tuple):
+                        frame, groups = frame
+                    held = await self._apply(frame, emitted, fut, groups)
                 elif kind == "marker":
                     self._marks[frame].add(sender)
                     self._check_alignment()
@@ -304,23 +313,26 @@ class Instance:
                 if not held and fut is not None and not fut.done():
                     fut.set_result(None)
 
-    async def _apply(self, frame, emitted, fut=None) -> bool:
+    async def _apply(self, frame, emitted, fut=None, groups=None) -> bool:
         """Apply a batch; rows of key groups whose state is still on its way are held back.
 
         Returns True when rows were held: the batch's credit returns once they are applied.
         """
         st = self.stage
         held = False
-        if self._pending_in and len(frame):
+        if (self._pending_in or self._report) and len(frame) and groups is None:
             groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
+        if self._pending_in and len(frame):
             wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
             if wait.any():
                 self._held.append(_Held(frame[wait], groups[wait], emitted, fut))
                 self._request_lazy(set(np.unique(groups[wait]).tolist()))
-                frame = frame[~wait]
+                frame, groups = frame[~wait], groups[~wait]
                 held = True
                 if not len(frame):
                     return True
+        if self._report and groups is not None:
+            self._win_groups += np.bincount(groups, minlength=self.key_groups)
         n = len(frame)
         self._blocked = 0.0
         t1 = time.perf_counter()
@@ -458,7 +470,7 @@ class Instance:
         for h in self._held:            # in arrival order: per-key order holds
             mask = np.isin(h.groups, np.fromiter(got, np.int64, len(got)))
             if mask.any():
-                await self._apply(h.frame[mask], h.emitted)
+                await self._apply(h.frame[mask], h.emitted, None, h.groups[mask])
                 h.frame, h.groups = h.frame[~mask], h.groups[~mask]
             if len(h.frame):
                 keep.append(h)
@@ -526,7 +538,7 @@ class Instance:
             await self._exchange(step.target, x, emitted)
 
     async def _exchange(self, target: int, x, emitted: float) -> None:
-        kind, key, key_name, name = self.exchanges[target]
+        kind, key, key_name, name, *_ = self.exchanges[target]
         if not isinstance(x, pd.DataFrame):
             raise PipelineError(
                 f"operator {name!r} receives {type(x).__name__} from {self.stage.name!r}; "
@@ -579,13 +591,15 @@ class Instance:
             x = x.assign(**{key_name: keys})
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
         dest = self.tables[target].route(groups)
+        reported = len(self.exchanges[target]) > 4 and self.exchanges[target][4]
+        small = groups.astype(np.int32) if reported else None
         if len(chans) == 1:
-            await chans[0].send("data", emitted, x)
+            await chans[0].send("data", emitted, x, small)
             return
         for i, ch in enumerate(chans):
             idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
             if len(idx):
-                await ch.send("data", emitted, x.take(idx))
+                await ch.send("data", emitted, x.take(idx), small[idx] if reported else None)
 
     def _dead_letter(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
         for rec, why in zip(rows.to_dict("records"), reasons):
@@ -678,6 +692,17 @@ class Instance:
             "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
             "latency_max_ms": float(lat.max()) if has else np.nan,
         })
+        if self._report:
+            nz = np.flatnonzero(self._win_groups)
+            row = self._rows[-1]
+            self.worker.batched_stream.send({
+                "op": "streamlb-load", "job": self.job, "operator": self.stage.name,
+                "instance": self.index, "window_start": w.start, "window": self.window,
+                "records": int(w.records), "busy": float(w.busy), "queued": len(self._ready),
+                "groups": nz.tolist(), "counts": self._win_groups[nz].tolist(),
+                "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
+            })
+            self._win_groups = np.zeros(self.key_groups, np.int64)
         self._win = _Window(self._window_start(now)) if self.status != "done" else None
 
     async def _ticker(self) -> None:

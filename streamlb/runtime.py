@@ -8,10 +8,12 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import config
-from .exceptions import JobFailedError, PipelineError, SchedulerUnreachableError, StreamlbError
+from .exceptions import (JobFailedError, MigrationError, PipelineError, SchedulerUnreachableError,
+                         StreamlbError)
 from .planner import Plan, plan
 from .routing import RoutingTable
 
@@ -49,7 +51,8 @@ def _connect(address: str | None, n_workers: int | None):
 def run(node, address: str | None = None, n_workers: int | None = None, *,
         key_groups: int | None = None, batch_size: int | None = None,
         parallelism: int | None = None, window: Any = None, credits: int | None = None,
-        client=None) -> Job:
+        client=None, balancer: str | None = None, migration: str | None = None,
+        balancer_options: dict | None = None) -> Job:
     """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
 
     Parameters
@@ -66,14 +69,30 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         ``window`` and ``channel.credits``.
     client : distributed.Client, optional
         Use this client (and its cluster) instead of ``address``.
+    balancer : str, optional
+        A balancer registered under ``streamlb.balancers`` (``static``, ``autoflow``,
+        ``greedy``...). Registers :class:`streamlb.BalancerPlugin` on the scheduler if it is
+        not there, and lets it move key groups of this job live. None: no plugin, no moves but
+        manual ones (``Job.migrate``).
+    migration : str, optional
+        How this job's moves are carried out: ``all-at-once``, ``fluid``, ``lazy`` or
+        ``pause`` (default: setting ``streamlb.migration.strategy``).
+    balancer_options : dict, optional
+        Keyword arguments for the balancer's constructor.
 
     Returns
     -------
     Job
         The job is already running: call ``job.wait()``.
     """
+    from ._coordinator import check_strategy
+    from .balancer import get_balancer
     from .keygroups import check_key_groups
 
+    if balancer is not None:
+        get_balancer(balancer, **(balancer_options or {}))     # unknown names fail here, listing the valid ones
+    if migration is not None:
+        check_strategy(migration)
     G = config.get("key-groups", key_groups)
     check_key_groups(G)
     bs = config.get("batch-size", batch_size)
@@ -91,7 +110,8 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
             raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
         p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,
                  parallelism=config.get("parallelism", parallelism))
-        return Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned)
+        return Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned,
+                   balancer=balancer, migration=migration, balancer_options=balancer_options)
     except BaseException:
         if owned:
             client.close()
@@ -104,8 +124,14 @@ class Job:
     """A running pipeline."""
 
     def __init__(self, plan: Plan, client, cluster, workers: list[str], key_groups: int,
-                 window: float, credits: int, owns_client: bool = True) -> None:
+                 window: float, credits: int, owns_client: bool = True, balancer: str | None = None,
+                 migration: str | None = None, balancer_options: dict | None = None) -> None:
+        from ._coordinator import JobControl
         from ._instance import Instance
+        from .plugin import ensure_plugin
+
+        self.balancer = balancer
+        self.migration = migration
 
         self.plan = plan
         self.client = client
@@ -118,7 +144,7 @@ class Job:
         self.error: BaseException | None = None
         self._last: list[dict] = []
         self._dead: list[dict] = []
-        self.history: list[dict] = []     # one entry per completed migration epoch
+        self._history: list[dict] = []
         by_id = {s.id: s for s in plan.stages}
         ups = {s.id: by_id[s.upstream].parallelism if s.upstream is not None else 0 for s in plan.stages}
         futures = {}
@@ -138,7 +164,7 @@ class Job:
             for st in plan.stages if st.exchange == "keyed"
         }
         exchanges = {
-            st.id: (st.exchange, st.key, st.key_name, st.name)
+            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None)
             for st in plan.stages if not st.is_source
         }
         peers = {
@@ -151,8 +177,13 @@ class Job:
         for (sid, i), a in self.actors.items():
             outs = {d: peers[d] for d in downstream[sid]}
             calls.append(a.connect(outs, {d: self.tables[d] for d in outs if d in self.tables},
-                                   exchanges, peers[sid]))
+                                   exchanges, peers[sid], balancer is not None))
         self.workers_of = dict(zip(self.actors, [c.result() for c in calls]))
+        self.control = JobControl(self.topology())
+        if balancer is not None:
+            ensure_plugin(client)
+            client.sync(client.scheduler.streamlb_register_job, job=self.id, topology=self.topology(),
+                        balancer=balancer, options=balancer_options or {}, migration=migration)
         order = sorted(self.actors, key=lambda k: by_id[k[0]].is_source)
         for c in [self.actors[k].start() for k in order]:
             c.result()
@@ -237,6 +268,12 @@ class Job:
             shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
         raise err
 
+    def balancer_state(self) -> dict:
+        """The plugin's view of this job: routing tables, epochs, moves, load per instance."""
+        if self.balancer is None:
+            raise PipelineError(f"job {self.id} runs without a balancer; pass streamlb.run(..., balancer=...)")
+        return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.id, {})
+
     def _commit_parquet(self) -> None:
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
@@ -251,6 +288,12 @@ class Job:
         """Stop every instance and release the cluster if ``run`` started it."""
         if self._closed:
             return
+        if self.balancer is not None:
+            try:
+                self._history = self.client.sync(self.client.scheduler.streamlb_history, job=self.id)
+                self.client.sync(self.client.scheduler.streamlb_unregister_job, job=self.id)
+            except Exception:
+                pass
         self._closed = True
         if self.status == "running":
             for a in self.actors.values():
@@ -275,12 +318,43 @@ class Job:
         self.stop()
 
     # -- live migration --------------------------------------------------------------------------
+    def topology(self) -> dict:
+        """What a coordinator needs: actors by role and the routing tables (msgpack-able)."""
+        peer = lambda k: [self.actors[k]._address, self.actors[k].key]  # noqa: E731
+        ops = {}
+        for st in self.plan.stages:
+            if st.id in self.tables:
+                up = self.plan.stages[st.upstream]
+                ops[st.name] = {
+                    "stage": st.id,
+                    "owners": [peer((st.id, i)) for i in range(st.parallelism)],
+                    "routers": [peer((up.id, i)) for i in range(up.parallelism)],
+                    "table": self.tables[st.id].owners.tolist(), "epoch": self.tables[st.id].epoch,
+                }
+        return {
+            "job": self.id, "key_groups": self.key_groups,
+            "sources": [peer(k) for k in self.actors if self.plan.stages[k[0]].is_source],
+            "instances": [peer(k) for k in self.actors], "operators": ops,
+        }
+
     def routing(self, operator: str) -> RoutingTable:
         """The current routing table (key group -> instance, with its epoch) of ``operator``."""
         st = self.plan.stage(operator)
         if st.id not in self.tables:
             raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have a routing table")
-        return self.tables[st.id]
+        if self.balancer is not None:
+            state = self.client.sync(self.client.scheduler.streamlb_routing, job=self.id, operator=operator)
+            return RoutingTable(np.asarray(state["owners"]), st.parallelism, state["epoch"])
+        return self.control.operator(operator).table
+
+    @property
+    def history(self) -> list[dict]:
+        """Completed migration epochs: operator, epoch, strategy, key groups, from, to, times."""
+        if self.balancer is not None and not self._closed:
+            self._history = self.client.sync(self.client.scheduler.streamlb_history, job=self.id)
+        elif self.balancer is None:
+            self._history = self.control.history
+        return list(self._history)
 
     def migrate(self, operator: str, key_groups, to_instance: int, strategy: str | None = None) -> RoutingTable:
         """Move ``key_groups`` of ``operator`` to ``to_instance`` while the job runs.
@@ -294,17 +368,40 @@ class Job:
         to_instance : int
             The new owner, in ``0..parallelism-1``.
         strategy : str, optional
-            ``all-at-once``, ``fluid``, ``lazy`` or ``pause`` (default: setting
-            ``streamlb.migration.strategy``).
+            ``all-at-once``, ``fluid``, ``lazy`` or ``pause`` (default: the job's migration
+            strategy, else setting ``streamlb.migration.strategy``).
 
         Returns
         -------
         RoutingTable
             The table in force when the last epoch of the move completed.
-        """
-        from ._coordinator import migrate
 
-        return migrate(self, operator, key_groups, to_instance, strategy)
+        Raises
+        ------
+        MigrationError
+            For an unknown operator, instance or key group, or a job that is not running; the
+            job keeps running on its current routing.
+        """
+        from ._coordinator import actor_call, check_strategy, migrate
+
+        self.plan.stage(operator)
+        groups = self.control.validate(operator, key_groups, to_instance)
+        strategy = check_strategy(strategy or self.migration or config.get("migration.strategy"))
+        if self.status != "running":
+            raise MigrationError(f"job {self.id} is {self.status}; migrations need a running job")
+        if self.balancer is not None:
+            state = self.client.sync(self.client.scheduler.streamlb_migrate, job=self.id, operator=operator,
+                                     key_groups=groups, to_instance=int(to_instance), strategy=strategy)
+            return RoutingTable(np.asarray(state["owners"]), len(state["owners"]) and
+                                self.plan.stage(operator).parallelism, state["epoch"])
+
+        async def call(address, key, method, *args):
+            return await actor_call(self.client.rpc, address, key, method, *args)
+
+        return self.client.sync(
+            migrate, self.control, call, operator, {g: int(to_instance) for g in groups}, strategy,
+            fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
+        )
 
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):

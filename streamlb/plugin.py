@@ -1,0 +1,287 @@
+"""``BalancerPlugin``: the scheduler plugin that measures load and moves key groups.
+
+Register it with ``client.register_plugin(BalancerPlugin(...))``, or at scheduler start with
+``dask scheduler --preload streamlb.plugin`` (settings then come from dask config
+``streamlb.*``). ``streamlb.run(..., balancer="autoflow")`` registers it if it is not there
+yet. Each job registers its own balancer and migration strategy, so jobs on one cluster can
+differ.
+
+Every keyed operator instance of a balanced job sends one load report per window over the
+worker's batched stream (op ``streamlb-load``): records, busy seconds, queued batches,
+latency and record counts per key group. When every instance of an operator has reported a
+window, the plugin merges them into a :class:`~streamlb.balancer.LoadReport`, asks the job's
+balancer for a plan and carries it out with the job's migration strategy — one migration in
+flight per keyed exchange, after a cool-down, at most ``max_groups`` key groups per epoch.
+A plan or report that does not fit is refused, recorded, and the job keeps its routing.
+
+State (routing tables, epochs, moves, load) is served as JSON at ``/streamlb/state.json`` on
+the scheduler's HTTP server.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from . import config
+from ._coordinator import JobControl, actor_call, check_strategy, migrate
+from .balancer import LoadReport, check_plan, get_balancer
+
+__all__ = ["BalancerPlugin", "dask_setup"]
+
+logger = logging.getLogger("streamlb.plugin")
+NAME = "streamlb-balancer"
+
+
+class _Job:
+    def __init__(self, topology: dict, balancer: str, options: dict, migration: str) -> None:
+        self.control = JobControl(topology)
+        self.balancer_name = balancer
+        self.balancer = get_balancer(balancer, **(options or {}))
+        self.migration = check_strategy(migration)
+        self.windows: dict[str, dict[float, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+        self.load: dict[str, list] = {}          # operator -> last merged window, per instance
+        self.imbalance: dict[str, list] = defaultdict(list)
+        self.refused: list[dict] = []
+        self.tasks: set = set()
+
+
+class BalancerPlugin(SchedulerPlugin):
+    """Scheduler plugin: load reports in, plans out, migrations carried out.
+
+    Parameters
+    ----------
+    balancer : str, optional
+        Default balancer for jobs that do not name one (setting ``streamlb.balancer.name``).
+    migration : str, optional
+        Default strategy (setting ``streamlb.migration.strategy``).
+    window : str or float, optional
+        Load window (setting ``streamlb.window``); instances report at this period.
+    cooldown : str or float, optional
+        Seconds after a migration before the next plan for the same operator
+        (setting ``streamlb.balancer.cooldown``).
+    max_groups : int, optional
+        Cap on key groups per epoch (setting ``streamlb.balancer.max-groups``).
+    """
+
+    name = NAME
+
+    def __init__(self, balancer=None, migration=None, window=None, cooldown=None, max_groups=None) -> None:
+        self.balancer = balancer
+        self.migration = migration
+        self.window = window
+        self.cooldown = cooldown
+        self.max_groups = max_groups
+        self.jobs: dict[str, _Job] = {}
+        self.refused: list[dict] = []
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.balancer = config.get("balancer.name", self.balancer)
+        self.migration = check_strategy(config.get("migration.strategy", self.migration))
+        self.window = config.seconds("window", self.window)
+        self.cooldown = config.seconds("balancer.cooldown", self.cooldown)
+        self.max_groups = int(config.get("balancer.max-groups", self.max_groups))
+        scheduler.handlers.update({
+            "streamlb_register_job": self.register_job,
+            "streamlb_unregister_job": self.unregister_job,
+            "streamlb_migrate": self.migrate_handler,
+            "streamlb_routing": self.routing_handler,
+            "streamlb_history": self.history_handler,
+            "streamlb_state": self.state_handler,
+        })
+        scheduler.stream_handlers["streamlb-load"] = self.receive_load
+        app = getattr(scheduler, "http_application", None)
+        if app is not None:
+            app.add_handlers(r".*", [(r"/streamlb/state.json", _StateHandler, {"plugin": self})])
+
+    async def close(self) -> None:
+        for job in self.jobs.values():
+            for t in job.tasks:
+                t.cancel()
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def register_job(self, job: str, topology: dict, balancer: str | None = None,
+                     options: dict | None = None, migration: str | None = None) -> dict:
+        self.jobs[job] = _Job(topology, balancer or self.balancer, options or {}, migration or self.migration)
+        return {"balancer": self.jobs[job].balancer_name, "migration": self.jobs[job].migration,
+                "window": self.window}
+
+    def unregister_job(self, job: str) -> None:
+        j = self.jobs.pop(job, None)
+        if j is not None:
+            for t in j.tasks:
+                t.cancel()
+
+    def _job(self, job: str) -> _Job:
+        if job not in self.jobs:
+            raise KeyError(f"streamlb: no job {job!r} is registered with the balancer plugin")
+        return self.jobs[job]
+
+    async def _call(self, address, key, method, *args):
+        return await actor_call(self.scheduler.rpc, address, key, method, *args)
+
+    async def _migrate(self, job: _Job, operator: str, assignment: dict, strategy: str):
+        return await migrate(job.control, self._call, operator, assignment, strategy,
+                             fluid_step=config.get("migration.fluid-step"),
+                             timeout=config.seconds("migration.timeout"))
+
+    async def migrate_handler(self, job: str, operator: str, key_groups: list, to_instance: int,
+                              strategy: str | None = None) -> dict:
+        j = self._job(job)
+        groups = j.control.validate(operator, key_groups, to_instance)
+        table = await self._migrate(j, operator, {g: int(to_instance) for g in groups},
+                                    check_strategy(strategy or j.migration))
+        return {"owners": table.owners.tolist(), "epoch": table.epoch}
+
+    def routing_handler(self, job: str, operator: str) -> dict:
+        t = self._job(job).control.operator(operator).table
+        return {"owners": t.owners.tolist(), "epoch": t.epoch}
+
+    def history_handler(self, job: str) -> list:
+        return self._job(job).control.history
+
+    # -- load reports --------------------------------------------------------------------------------
+    def receive_load(self, worker=None, **msg) -> None:
+        """Stream handler: must never raise, or the worker's stream would break."""
+        try:
+            self._receive_load(**msg)
+        except Exception as exc:
+            self._refuse(msg.get("job"), f"malformed load report from {worker}: {type(exc).__name__}: {exc}")
+
+    def _refuse(self, job: str | None, reason: str) -> None:
+        entry = {"time": time.time(), "reason": reason}
+        logger.warning("streamlb: %s", reason)
+        (self.jobs[job].refused if job in self.jobs else self.refused).append(entry)
+
+    def _receive_load(self, job: str, operator: str, instance: int, window_start: float, records: int,
+                      busy: float, queued: int, groups: list, counts: list, latency_p99_ms=None,
+                      **_ignored) -> None:
+        j = self.jobs.get(job)
+        if j is None:
+            return                      # a job finished or registered elsewhere
+        op = j.control.operator(operator)
+        n, G = op.table.parallelism, op.table.key_groups
+        if not 0 <= int(instance) < n:
+            raise ValueError(f"instance {instance} outside 0..{n - 1} of {operator!r}")
+        g = np.asarray(groups, dtype=np.int64)
+        c = np.asarray(counts, dtype=np.float64)
+        if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
+            raise ValueError(f"key-group counts of {operator!r}[{instance}] do not fit 0..{G - 1}")
+        win = j.windows[operator]
+        win[float(window_start)][int(instance)] = {
+            "records": int(records), "busy": float(busy), "queued": int(queued),
+            "groups": g, "counts": c, "latency_p99_ms": latency_p99_ms,
+        }
+        for ws in sorted(win):
+            if len(win[ws]) == n:
+                self._evaluate(j, operator, ws, win.pop(ws))
+            elif ws < float(window_start) - 5 * self.window:
+                win.pop(ws)             # an instance never reported that window
+
+    def _evaluate(self, j: _Job, operator: str, window_start: float, reports: dict) -> None:
+        op = j.control.operator(operator)
+        n, G = op.table.parallelism, op.table.key_groups
+        load = np.zeros(G)
+        for r in reports.values():
+            np.add.at(load, r["groups"], r["counts"])
+        recent = frozenset(g for g, e in op.moved_at.items() if e > op.table.epoch - 3)
+        report = LoadReport(
+            operator, op.table.owners, load, n, epoch=op.table.epoch, window_start=window_start,
+            window=self.window, busy_seconds=[reports[i]["busy"] for i in range(n)],
+            queued_batches=[reports[i]["queued"] for i in range(n)], recently_moved=recent,
+        )
+        per_instance = report.instance_load()
+        j.load[operator] = [{"instance": i, "records": reports[i]["records"], "load": float(per_instance[i]),
+                             "busy_seconds": reports[i]["busy"], "queued_batches": reports[i]["queued"],
+                             "latency_p99_ms": reports[i]["latency_p99_ms"]} for i in range(n)]
+        j.imbalance[operator].append({"window_start": window_start, "imbalance": report.imbalance(),
+                                      "epoch": op.table.epoch})
+        if op.in_flight or time.time() - op.last_completed < self.cooldown:
+            return
+        try:
+            plan = j.balancer.plan(report)
+            check_plan(report, plan)
+        except Exception as exc:
+            self._refuse(j.control.job, f"plan of {j.balancer_name!r} for {operator!r} refused: "
+                                        f"{type(exc).__name__}: {exc}")
+            return
+        assignment: dict[int, int] = {}
+        for mv in plan:
+            for g in mv.key_groups:
+                if len(assignment) < self.max_groups:
+                    assignment[g] = mv.to_instance
+        if assignment:
+            op.in_flight = True          # claimed now: the next window must not plan again
+            task = asyncio.ensure_future(self._run_plan(j, operator, assignment))
+            j.tasks.add(task)
+            task.add_done_callback(j.tasks.discard)
+
+    async def _run_plan(self, j: _Job, operator: str, assignment: dict) -> None:
+        try:
+            await self._migrate(j, operator, assignment, j.migration)
+        except Exception as exc:
+            self._refuse(j.control.job, f"migration of {operator!r} failed: {type(exc).__name__}: {exc}")
+
+    # -- state ------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Routing tables, epochs, moves and per-instance load of every job, JSON-able."""
+        out = {"balancer": self.balancer, "migration": self.migration, "window": self.window,
+               "refused": self.refused[-50:], "jobs": {}}
+        for jid, j in self.jobs.items():
+            out["jobs"][jid] = {
+                "balancer": j.balancer_name, "migration": j.migration,
+                "operators": {
+                    name: {"epoch": op.table.epoch, "owners": op.table.owners.tolist(),
+                           "in_flight": op.in_flight, "load": j.load.get(name, []),
+                           "imbalance": j.imbalance.get(name, [])[-100:]}
+                    for name, op in j.control.operators.items()
+                },
+                "moves": j.control.history, "refused": j.refused[-50:],
+            }
+        return out
+
+    def state_handler(self) -> dict:
+        return self.state()
+
+
+try:
+    from tornado.web import RequestHandler
+
+    class _StateHandler(RequestHandler):
+        def initialize(self, plugin: BalancerPlugin) -> None:
+            self.plugin = plugin
+
+        def get(self) -> None:
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps(self.plugin.state(), default=_jsonable))
+except ImportError:  # pragma: no cover - tornado ships with distributed
+    pass
+
+
+def _jsonable(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def dask_setup(scheduler) -> None:
+    """Preload hook: ``dask scheduler --preload streamlb.plugin``."""
+    scheduler.add_plugin(BalancerPlugin(), name=NAME)
+
+
+def ensure_plugin(client) -> bool:
+    """Register a BalancerPlugin on the client's scheduler unless one is there; True if added."""
+    present = client.run_on_scheduler(lambda dask_scheduler: NAME in dask_scheduler.plugins)
+    if not present:
+        client.register_plugin(BalancerPlugin())
+    return not present
