@@ -1,0 +1,183 @@
+"""The balancer plugin on a real scheduler: load reports, plans, live moves, state over HTTP."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from conftest import HERE, free_port
+from streamlb.plugin import NAME, BalancerPlugin
+
+AGG = {"n": ("value", "count"), "total": ("value", "sum")}
+
+
+@pytest.fixture(scope="module")
+def cluster2():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """600k rows, Zipf(1.0) over 3000 keys, the same mix in every file and all along:
+    hashing alone leaves the instances uneven."""
+    rng = np.random.default_rng(11)
+    n = 600_000
+    w = 1.0 / np.arange(1, 3001)
+    keys = rng.choice(3000, size=n, p=w / w.sum()).astype(np.int64)
+    df = pd.DataFrame({"key": keys, "value": rng.integers(0, 1000, n).astype(float)})
+    path = tmp_path_factory.mktemp("skewed")
+    for p in range(4):
+        df.iloc[p::4].to_parquet(path / f"part-{p}.parquet", index=False)   # stationary mix
+    return str(path), df
+
+
+def run_balanced(client, path, balancer, migration="fluid", **kw):
+    src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
+    src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
+    return streamlb.run(src, client=client, key_groups=128, window="250ms", balancer=balancer,
+                        migration=migration, **kw)
+
+
+def imbalance_series(state):
+    return [w["imbalance"] for w in state["operators"]["agg"]["imbalance"]]
+
+
+def test_autoflow_moves_key_groups_live_and_stays_exact(cluster2, skewed):
+    path, df = skewed
+    truth = df.groupby("key").agg(**AGG)
+    with run_balanced(cluster2, path, "static") as job:
+        job.wait(timeout=120)
+        static = imbalance_series(job.balancer_state())
+        assert job.history == []
+    with run_balanced(cluster2, path, "autoflow") as job:
+        job.wait(timeout=120)
+        pd.testing.assert_frame_equal(job.state("agg"), truth, check_dtype=False)
+        state = job.balancer_state()
+        moves = job.history
+        table = job.routing("agg")
+    auto = imbalance_series(state)
+    assert len(moves) >= 1 and table.epoch == moves[-1]["epoch"]
+    assert all(m["strategy"] == "fluid" for m in moves)
+    # hashing leaves the instances uneven; after the first moves autoflow holds them level
+    assert np.median(static[1:-1]) > 1.15
+    assert np.median(auto[3:-1]) < np.median(static[1:-1])
+    assert np.median(auto[3:-1]) < 1.1, auto
+
+
+def test_state_json_over_http_and_per_job_balancers(cluster2, skewed):
+    path, _ = skewed
+    with run_balanced(cluster2, path, "greedy", migration="all-at-once") as a, \
+            run_balanced(cluster2, path, "static", migration="lazy") as b:
+        url = cluster2.dashboard_link.replace("/status", "/streamlb/state.json")
+        time.sleep(1.0)
+        state = json.load(urllib.request.urlopen(url))
+        a.wait(timeout=120)
+        b.wait(timeout=120)
+        assert state["jobs"][a.id]["balancer"] == "greedy" and state["jobs"][a.id]["migration"] == "all-at-once"
+        assert state["jobs"][b.id]["balancer"] == "static" and state["jobs"][b.id]["migration"] == "lazy"
+        op = state["jobs"][a.id]["operators"]["agg"]
+        assert len(op["owners"]) == 128 and {"epoch", "in_flight", "load", "imbalance"} <= set(op)
+        assert [r["instance"] for r in op["load"]] == [0, 1, 2, 3]
+    assert cluster2.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins).count(NAME)) == 1
+
+
+def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
+    path, df = skewed
+    src = Stream.from_parquet(path)
+    src.key_by("key").aggregate(AGG, name="agg")
+    with pytest.raises(ValueError, match="unknown balancer 'magic'; valid balancers are autoflow, greedy, static"):
+        streamlb.run(src, client=cluster2, balancer="magic")
+    with pytest.raises(ValueError, match="unknown migration strategy 'warp'"):
+        streamlb.run(src, client=cluster2, balancer="autoflow", migration="warp")
+    with run_balanced(cluster2, path, "autoflow") as job:
+        jid = job.id
+
+        def send_garbage(dask_worker, jid=jid):
+            for msg in ({"instance": 9, "groups": [1], "counts": [5]},
+                        {"instance": 0, "groups": [500], "counts": [5]},
+                        {"instance": 0, "groups": [1, 2], "counts": [5]},
+                        {"instance": 0}):
+                dask_worker.batched_stream.send({
+                    "op": "streamlb-load", "job": jid, "operator": "agg", "window_start": 1.0,
+                    "records": 1, "busy": 0.1, "queued": 0, **msg})
+
+        cluster2.run(send_garbage, workers=[next(iter(cluster2.scheduler_info()["workers"]))])
+        with pytest.raises(streamlb.MigrationError, match="instance 4"):
+            job.migrate("agg", [1], 4)
+        job.wait(timeout=120)
+        refused = job.balancer_state()["refused"]
+        pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+    reasons = " | ".join(r["reason"] for r in refused)
+    assert "instance 9 outside 0..3 of 'agg'" in reasons
+    assert reasons.count("key-group counts of 'agg'[0] do not fit 0..127") == 2
+    assert "malformed load report" in reasons and len(refused) == 4
+
+
+def test_register_plugin_explicitly(cluster2, skewed):
+    path, df = skewed
+    cluster2.unregister_scheduler_plugin(NAME) if cluster2.run_on_scheduler(
+        lambda dask_scheduler: NAME in dask_scheduler.plugins) else None
+    cluster2.register_plugin(BalancerPlugin(balancer="greedy", migration="all-at-once", cooldown="0s"))
+    src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
+    src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
+    with streamlb.run(src, client=cluster2, key_groups=128, window="250ms", balancer="greedy") as job:
+        job.wait(timeout=120)
+        st = job.balancer_state()
+        pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+    assert st["balancer"] == "greedy" and st["migration"] == "all-at-once"   # the job's defaults
+    assert cluster2.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].cooldown) == 0
+
+
+def test_preload_on_a_dask_scheduler_process(skewed):
+    path, df = skewed
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+               DASK_STREAMLB__BALANCER__NAME="autoflow")
+    dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0", "--preload", "streamlb.plugin"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                           "--dashboard-address", ":0"],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                client = Client(address, timeout=5)
+                break
+            except OSError:
+                assert time.time() < deadline
+                time.sleep(0.5)
+        with client:
+            client.wait_for_workers(2, timeout=60)
+            # there before any job asked for it, with the scheduler's config
+            assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].balancer) == "autoflow"
+            src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
+            src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
+            with streamlb.run(src, client=client, key_groups=128, window="250ms", balancer="autoflow") as job:
+                job.wait(timeout=120)
+                pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+                assert len(job.history) >= 1
+                assert set(job.metrics().worker) == set(client.scheduler_info()["workers"])
+    finally:
+        for p in procs[::-1]:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
