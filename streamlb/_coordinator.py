@@ -155,10 +155,16 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         incoming.setdefault(to, {})[g] = frm
     peer = op.owners
     t0 = time.time()
-    await _gather(f"prepare epoch {epoch} of {op.name}",
-                  [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()])
-    await _gather(f"prepare epoch {epoch} of {op.name}",
-                  [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])
+    try:
+        await _gather(f"prepare epoch {epoch} of {op.name}",
+                      [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()])
+        await _gather(f"prepare epoch {epoch} of {op.name}",
+                      [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])
+    except MigrationError:
+        # no router has switched: forget the epoch everywhere and keep the current routing
+        await asyncio.gather(*[call(*peer[i], "abort", epoch) for i in {*incoming, *outgoing}],
+                             return_exceptions=True)
+        raise
     paused = strategy == "pause"
     try:
         if paused:

@@ -260,13 +260,24 @@ class Instance:
             return
         import pyarrow.parquet as pq
 
+        # Like a consumer of several log partitions, read all owned files at once: next from
+        # the file furthest behind in proportion, so files that cover the same time span
+        # advance through it together (each file is still read in order).
+        readers, total = {}, {}
         for f in st.assignment[self.index]:
-            self.offsets[f] = 0
             pf = pq.ParquetFile(f)
-            for rb in pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False):
-                df = rb.to_pandas(use_threads=False)
-                self.offsets[f] += len(df)
-                yield df
+            total[f] = max(pf.metadata.num_rows, 1)
+            readers[f] = pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False)
+            self.offsets[f] = 0
+        while readers:
+            f = min(readers, key=lambda name: (self.offsets[name] / total[name], name))
+            rb = next(readers[f], None)
+            if rb is None:
+                del readers[f]
+                continue
+            df = rb.to_pandas(use_threads=False)
+            self.offsets[f] += len(df)
+            yield df
 
     # -- receivers ------------------------------------------------------------------------
     async def push(self, sender: int, seq: int, kind: str, emitted: float, frame, groups=None) -> None:
@@ -393,6 +404,14 @@ class Instance:
         for g in incoming:
             self._pending_in[g] = m
         self._check_alignment()
+
+    async def abort(self, epoch: int) -> None:
+        """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
+        m = self._migs.pop(epoch, None)
+        if m is not None:
+            for g in m.incoming:
+                if self._pending_in.get(g) is m:
+                    del self._pending_in[g]
 
     def _check_alignment(self) -> None:
         for m in self._migs.values():
@@ -692,7 +711,7 @@ class Instance:
             "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
             "latency_max_ms": float(lat.max()) if has else np.nan,
         })
-        if self._report:
+        if self._report and self._win_groups.any():
             nz = np.flatnonzero(self._win_groups)
             row = self._rows[-1]
             self.worker.batched_stream.send({
@@ -701,6 +720,7 @@ class Instance:
                 "records": int(w.records), "busy": float(w.busy), "queued": len(self._ready),
                 "groups": nz.tolist(), "counts": self._win_groups[nz].tolist(),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
+                "final": self._finishing or self.finished_at is not None,
             })
             self._win_groups = np.zeros(self.key_groups, np.int64)
         self._win = _Window(self._window_start(now)) if self.status != "done" else None

@@ -36,45 +36,80 @@ def _demo(args) -> int:
         datasets.zipf(path, rows=args.rows, keys=args.keys, skew=args.skew, partitions=8,
                       drift_every=max(args.rows // 5, 1), seed=0, progress=True)
     man = datasets.read_manifest(path)
-    print(f"input: {man['rows']:,} rows, {len(man['files'])} files, "
-          f"Zipf s={man['params'].get('skew')} over {man['params'].get('keys'):,} keys")
+    p = man["params"]
+    print(f"input: {man['rows']:,} rows, {len(man['files'])} files, Zipf s={p.get('skew')} over "
+          f"{p.get('keys'):,} keys, hot keys rotating every {p.get('drift_every') or 0:,} records")
+    spec = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
+    truth = pd.read_parquet(path, columns=["key", "value"]).groupby("key").agg(**spec)
 
-    src = Stream.from_parquet(path, rate=args.rate, batch_size=args.batch_size)
-    src.key_by("key").aggregate(
-        {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")},
-        name="totals", parallelism=args.parallelism,
-    )
-    with streamlb.run(src, n_workers=args.workers) as job:
-        print(f"running on an embedded Dask cluster with {len(job.client.scheduler_info()['workers'])} "
-              "worker processes ...")
-        job.wait(progress=True)
-        summary = job.summary()
-        state = job.state("totals")
-        m = job.metrics()
-    ops = m[m.operator == "totals"]
-    print(f"\nthroughput: {summary['records_per_second'] / 1e6:.2f} M records/s "
-          f"({summary['records']:,} records in {summary['seconds']:.2f} s)")
-    print("latency (ms, per load window, over all instances): "
-          f"p50 {ops.latency_p50_ms.median():.1f}  p99 {ops.latency_p99_ms.max():.1f}  "
-          f"max {ops.latency_max_ms.max():.1f}")
-    load = ops.groupby("instance").agg(records=("records", "sum"), busy_s=("busy_seconds", "sum"))
-    load["share"] = load.records / load.records.sum()
-    print("per-instance load:")
-    print(load.to_string(float_format=lambda v: f"{v:.3f}"))
-    imb = load.records.max() / load.records.mean()
-    print(f"imbalance (max/mean records): {imb:.2f}")
+    results, ok = {}, True
+    for balancer in args.balancers:
+        src = Stream.from_parquet(path, rate=args.rate, batch_size=args.batch_size)
+        src.key_by("key").aggregate(spec, name="totals", parallelism=args.parallelism)
+        with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256,
+                          balancer=balancer, migration=args.migration) as job:
+            print(f"\n[{balancer}] {args.parallelism} instances on an embedded Dask cluster of "
+                  f"{len(job.client.scheduler_info()['workers'])} worker processes, "
+                  f"open-loop source at {args.rate:,.0f} records/s ...")
+            job.wait(progress=True)
+            summary, state, m, moves = job.summary(), job.state("totals"), job.metrics(), job.history
+        same = (state.index.equals(truth.index)
+                and np.array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
+                and np.allclose(state["sum"].to_numpy(), truth["sum"].to_numpy(), rtol=1e-12, atol=0)
+                and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
+        ok &= same
+        ops = m[m.operator == "totals"]
+        per_window = ops.pivot_table(index="window_start", columns="instance", values="records", aggfunc="sum")
+        full = per_window[per_window.sum(axis=1) > 0.5 * per_window.sum(axis=1).median()]
+        imb = (full.max(axis=1) / full.mean(axis=1))
+        results[balancer] = {
+            "imbalance (mean)": imb.mean(), "imbalance (p90)": imb.quantile(0.9),
+            "throughput (M rec/s)": summary["records_per_second"] / 1e6,
+            "p99 latency (ms)": ops.latency_p99_ms.quantile(0.99),
+            "max latency (ms)": ops.latency_max_ms.max(),
+            "moves (epochs)": len(moves),
+            "key groups moved": sum(len(mv["key_groups"]) for mv in moves),
+            "state exact": "yes" if same else "NO",
+            "_load": per_window, "_moves": moves,
+        }
+        print(f"[{balancer}] final state of {len(state):,} keys "
+              f"{'equals' if same else 'DIFFERS FROM'} pandas over the same files")
 
-    truth = pd.read_parquet(path, columns=["key", "value"]).groupby("key").agg(
-        count=("value", "count"), sum=("value", "sum"), max=("value", "max"))
-    same = (state.index.equals(truth.index)
-            and np.array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
-            and np.allclose(state["sum"].to_numpy(), truth["sum"].to_numpy(), rtol=1e-12, atol=0)
-            and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
-    if not same:
-        print("FAILED: the final state differs from pandas over the same files", file=sys.stderr)
+    table = pd.DataFrame({b: {k: v for k, v in r.items() if not k.startswith("_")} for b, r in results.items()})
+    print("\n" + table.to_string(float_format=lambda v: f"{v:.2f}"))
+    _plot(results, args.plot)
+    print(f"\nplot of per-instance load over time: {args.plot}")
+    if not ok:
+        print("FAILED: a final state differs from pandas over the same files", file=sys.stderr)
         return 1
-    print(f"check: final state of {len(state):,} keys equals pandas over the same files")
     return 0
+
+
+def _plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 3.2 * len(results)), sharex=False, squeeze=False)
+    for ax, (name, r) in zip(axes[:, 0], results.items()):
+        load = r["_load"]
+        t0 = load.index.min()
+        secs = (load.index - t0).total_seconds()
+        for inst in load.columns:
+            ax.plot(secs, load[inst].to_numpy(), drawstyle="steps-post", label=f"instance {inst}")
+        for i, mv in enumerate(r["_moves"]):
+            x = (pd.Timestamp(mv["completed"], unit="s") - t0).total_seconds()
+            ax.axvline(x, color="k", alpha=0.25, lw=1, label="migration" if i == 0 else None)
+        ax.set_title(f"{name}: records per instance per load window "
+                     f"(mean imbalance {r['imbalance (mean)']:.2f}, {r['moves (epochs)']} migration epochs)")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("records")
+        ax.legend(fontsize=7, ncol=5, loc="upper right")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,15 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(func=_prepare)
 
-    d = sub.add_parser("demo", help="keyed aggregation over drifting Zipf data, checked against pandas")
+    d = sub.add_parser("demo", help="the same drifting-Zipf stream with static and autoflow balancing, "
+                                    "checked against pandas")
     d.add_argument("--data", default="streamlb-data/demo-zipf")
     d.add_argument("--rows", type=int, default=2_000_000)
     d.add_argument("--keys", type=int, default=100_000)
-    d.add_argument("--skew", type=float, default=1.2)
+    d.add_argument("--skew", type=float, default=1.0)
     d.add_argument("--workers", type=int, default=2)
-    d.add_argument("--parallelism", type=int, default=None)
-    d.add_argument("--batch-size", type=int, default=None)
-    d.add_argument("--rate", type=float, default=None, help="open-loop source rate, records/s")
+    d.add_argument("--parallelism", type=int, default=4)
+    d.add_argument("--batch-size", type=int, default=10_000)
+    d.add_argument("--rate", type=float, default=400_000, help="open-loop source rate, records/s")
+    d.add_argument("--window", default="250ms", help="load window")
+    d.add_argument("--migration", default="fluid", help="all-at-once, fluid, lazy or pause")
+    d.add_argument("--balancers", nargs="+", default=["static", "autoflow"])
+    d.add_argument("--plot", default="streamlb-data/demo-load.png", help="PNG of per-instance load")
     d.set_defaults(func=_demo)
 
     args = p.parse_args(argv)

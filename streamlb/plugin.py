@@ -161,7 +161,7 @@ class BalancerPlugin(SchedulerPlugin):
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, records: int,
                       busy: float, queued: int, groups: list, counts: list, latency_p99_ms=None,
-                      **_ignored) -> None:
+                      final: bool = False, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -176,7 +176,7 @@ class BalancerPlugin(SchedulerPlugin):
         win = j.windows[operator]
         win[float(window_start)][int(instance)] = {
             "records": int(records), "busy": float(busy), "queued": int(queued),
-            "groups": g, "counts": c, "latency_p99_ms": latency_p99_ms,
+            "groups": g, "counts": c, "latency_p99_ms": latency_p99_ms, "final": bool(final),
         }
         for ws in sorted(win):
             if len(win[ws]) == n:
@@ -204,6 +204,8 @@ class BalancerPlugin(SchedulerPlugin):
                                       "epoch": op.table.epoch})
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
+        if any(r["final"] for r in reports.values()):
+            return                      # the stream is ending: nothing left to balance
         try:
             plan = j.balancer.plan(report)
             check_plan(report, plan)
