@@ -395,8 +395,10 @@ class Instance:
                       incoming: dict[int, int]) -> None:
         """Be told ahead what epoch ``epoch`` moves: ``outgoing`` new owner -> key groups,
         ``incoming`` key group -> old owner."""
-        if self.status in ("done", "failed", "stopped"):
-            raise StreamlbError(f"instance {self.label} is {self.status}; it cannot take part in epoch {epoch}")
+        if self._finishing or self.status in ("done", "failed", "stopped"):
+            # the stream has ended here: state arriving later would never be applied
+            state = self.status if self.status != "running" else "finishing"
+            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
         m = self._migs.get(epoch) or _Migration(epoch, strategy)
         self._migs[epoch] = m
         m.outgoing.update({g: to for to, gs in outgoing.items() for g in gs})

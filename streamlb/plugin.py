@@ -200,8 +200,10 @@ class BalancerPlugin(SchedulerPlugin):
         j.load[operator] = [{"instance": i, "records": reports[i]["records"], "load": float(per_instance[i]),
                              "busy_seconds": reports[i]["busy"], "queued_batches": reports[i]["queued"],
                              "latency_p99_ms": reports[i]["latency_p99_ms"]} for i in range(n)]
+        total = load.sum()
+        floor = max(1.0, n * load.max() / total) if total > 0 else 1.0
         j.imbalance[operator].append({"window_start": window_start, "imbalance": report.imbalance(),
-                                      "epoch": op.table.epoch})
+                                      "floor": floor, "records": float(total), "epoch": op.table.epoch})
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
         if any(r["final"] for r in reports.values()):
@@ -241,7 +243,7 @@ class BalancerPlugin(SchedulerPlugin):
                 "operators": {
                     name: {"epoch": op.table.epoch, "owners": op.table.owners.tolist(),
                            "in_flight": op.in_flight, "load": j.load.get(name, []),
-                           "imbalance": j.imbalance.get(name, [])[-100:]}
+                           "imbalance": j.imbalance.get(name, [])[-1000:]}
                     for name, op in j.control.operators.items()
                 },
                 "moves": j.control.history, "refused": j.refused[-50:],

@@ -33,13 +33,13 @@ def cluster(n_workers: int = 2):
     return c, Client(c)
 
 
-def median_rate(client, build, runs: int = 3) -> float:
+def median_rate(client, build, runs: int = 3, **run_kw) -> float:
     """records/s of the pipeline ``build()`` returns, median of ``runs`` after one warm-up."""
     import streamlb
 
     rates = []
     for i in range(runs + 1):
-        job = streamlb.run(build(), client=client)
+        job = streamlb.run(build(), client=client, **run_kw)
         try:
             job.wait()
             s = job.summary()
