@@ -54,18 +54,18 @@ class _Channel:
         self.seq = 0
         self.tasks: set = set()
 
-    async def send(self, kind: str, emitted: float, frame, groups=None) -> None:
+    async def send(self, kind: str, emitted: float, frame) -> None:
         t0 = time.perf_counter()
         await self.sem.acquire()
         self.owner._blocked += time.perf_counter() - t0
         seq, self.seq = self.seq, self.seq + 1
-        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame, groups))
+        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _do(self, seq, kind, emitted, frame, groups) -> None:
+    async def _do(self, seq, kind, emitted, frame) -> None:
         try:
-            await self.peer.call("push", self.sender, seq, kind, emitted, frame, groups)
+            await self.peer.call("push", self.sender, seq, kind, emitted, frame)
         except Exception as exc:  # the receiver or its worker is gone: the job cannot go on
             self.owner._fail(StreamlbError(
                 f"instance {self.owner.label} could not send to {self.peer.key} on "
@@ -179,9 +179,14 @@ class Instance:
 
         self.worker = get_worker()
         self.siblings = [_Peer(self.worker, a, k) for a, k in siblings]
-        # keyed owners of a balanced job report load per key group each window
+        # in a balanced job, keyed owners report their load each window and routers the
+        # records they sent per key group
         self._report = report and self.store is not None
-        self._win_groups = np.zeros(self.key_groups if self._report else 0, np.int64)
+        self._route_counts: dict[int, np.ndarray] = {
+            t: np.zeros(key_groups_, np.int64)
+            for t, x in exchanges.items() if t in outputs and len(x) > 4 and x[4] and x[0] == "keyed"
+            for key_groups_ in [self.key_groups]
+        }
         self._xlocks = collections.defaultdict(asyncio.Lock)
         self._gate = asyncio.Event()
         self._gate.set()
@@ -280,11 +285,9 @@ class Instance:
             yield df
 
     # -- receivers ------------------------------------------------------------------------
-    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame, groups=None) -> None:
+    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame) -> None:
         fut = asyncio.get_running_loop().create_future()
         pending = self._in[sender]
-        if groups is not None:
-            frame = (frame, groups)
         pending[seq] = (sender, kind, emitted, frame, fut)
         nxt = self._next[sender]
         while nxt in pending:
@@ -303,10 +306,7 @@ class Instance:
             held = False
             try:
                 if kind == "data":
-                    groups = None
-                    if isinstance(frame, tuple):
-                        frame, groups = frame
-                    held = await self._apply(frame, emitted, fut, groups)
+                    held = await self._apply(frame, emitted, fut)
                 elif kind == "marker":
                     self._marks[frame].add(sender)
                     self._check_alignment()
@@ -331,7 +331,7 @@ class Instance:
         """
         st = self.stage
         held = False
-        if (self._pending_in or self._report) and len(frame) and groups is None:
+        if self._pending_in and len(frame) and groups is None:
             groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
         if self._pending_in and len(frame):
             wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
@@ -342,8 +342,6 @@ class Instance:
                 held = True
                 if not len(frame):
                     return True
-        if self._report and groups is not None:
-            self._win_groups += np.bincount(groups, minlength=self.key_groups)
         n = len(frame)
         self._blocked = 0.0
         t1 = time.perf_counter()
@@ -612,15 +610,19 @@ class Instance:
             x = x.assign(**{key_name: keys})
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
         dest = self.tables[target].route(groups)
-        reported = len(self.exchanges[target]) > 4 and self.exchanges[target][4]
-        small = groups.astype(np.int32) if reported else None
+        if len(self.exchanges[target]) > 4 and self.exchanges[target][4]:
+            # the balancer's load per key group is counted here, where groups are known
+            counts = self._route_counts.get(target)
+            if counts is None:
+                counts = self._route_counts[target] = np.zeros(self.key_groups, np.int64)
+            counts += np.bincount(groups, minlength=self.key_groups)
         if len(chans) == 1:
-            await chans[0].send("data", emitted, x, small)
+            await chans[0].send("data", emitted, x)
             return
         for i, ch in enumerate(chans):
             idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
             if len(idx):
-                await ch.send("data", emitted, x.take(idx), small[idx] if reported else None)
+                await ch.send("data", emitted, x.take(idx))
 
     def _dead_letter(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
         for rec, why in zip(rows.to_dict("records"), reasons):
@@ -713,18 +715,24 @@ class Instance:
             "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
             "latency_max_ms": float(lat.max()) if has else np.nan,
         })
-        if self._report and self._win_groups.any():
-            nz = np.flatnonzero(self._win_groups)
+        final = self._finishing or self.finished_at is not None or self._eos_sent
+        if self._report:
             row = self._rows[-1]
             self.worker.batched_stream.send({
-                "op": "streamlb-load", "job": self.job, "operator": self.stage.name,
+                "op": "streamlb-load", "kind": "owner", "job": self.job, "operator": self.stage.name,
                 "instance": self.index, "window_start": w.start, "window": self.window,
                 "records": int(w.records), "busy": float(w.busy), "queued": len(self._ready),
-                "groups": nz.tolist(), "counts": self._win_groups[nz].tolist(),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
-                "final": self._finishing or self.finished_at is not None,
+                "final": final,
             })
-            self._win_groups = np.zeros(self.key_groups, np.int64)
+        for target, counts in self._route_counts.items():
+            nz = np.flatnonzero(counts)
+            self.worker.batched_stream.send({
+                "op": "streamlb-load", "kind": "router", "job": self.job, "operator": self.exchanges[target][3],
+                "instance": self.index, "window_start": w.start, "window": self.window,
+                "groups": nz.tolist(), "counts": counts[nz].tolist(), "final": final,
+            })
+            counts[:] = 0
         self._win = _Window(self._window_start(now)) if self.status != "done" else None
 
     async def _ticker(self) -> None:

@@ -159,27 +159,35 @@ class BalancerPlugin(SchedulerPlugin):
         logger.warning("streamlb: %s", reason)
         (self.jobs[job].refused if job in self.jobs else self.refused).append(entry)
 
-    def _receive_load(self, job: str, operator: str, instance: int, window_start: float, records: int,
-                      busy: float, queued: int, groups: list, counts: list, latency_p99_ms=None,
-                      final: bool = False, **_ignored) -> None:
+    def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
+                      records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
+                      latency_p99_ms=None, final: bool = False, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
         op = j.control.operator(operator)
-        n, G = op.table.parallelism, op.table.key_groups
-        if not 0 <= int(instance) < n:
-            raise ValueError(f"instance {instance} outside 0..{n - 1} of {operator!r}")
-        g = np.asarray(groups, dtype=np.int64)
-        c = np.asarray(counts, dtype=np.float64)
-        if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
-            raise ValueError(f"key-group counts of {operator!r}[{instance}] do not fit 0..{G - 1}")
+        n, m, G = op.table.parallelism, len(op.routers), op.table.key_groups
         win = j.windows[operator]
-        win[float(window_start)][int(instance)] = {
-            "records": int(records), "busy": float(busy), "queued": int(queued),
-            "groups": g, "counts": c, "latency_p99_ms": latency_p99_ms, "final": bool(final),
-        }
+        slot = win[float(window_start)]
+        if kind == "owner":
+            if not 0 <= int(instance) < n:
+                raise ValueError(f"instance {instance} outside 0..{n - 1} of {operator!r}")
+            slot[("owner", int(instance))] = {
+                "records": int(records), "busy": float(busy), "queued": int(queued),
+                "latency_p99_ms": latency_p99_ms, "final": bool(final),
+            }
+        elif kind == "router":
+            if not 0 <= int(instance) < m:
+                raise ValueError(f"router {instance} outside 0..{m - 1} of {operator!r}")
+            g = np.asarray(groups, dtype=np.int64)
+            c = np.asarray(counts, dtype=np.float64)
+            if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
+                raise ValueError(f"key-group counts from router {instance} of {operator!r} do not fit 0..{G - 1}")
+            slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final)}
+        else:
+            raise ValueError(f"report kind {kind!r} is neither 'owner' nor 'router'")
         for ws in sorted(win):
-            if len(win[ws]) == n:
+            if len(win[ws]) == n + m:
                 self._evaluate(j, operator, ws, win.pop(ws))
             elif ws < float(window_start) - 5 * self.window:
                 win.pop(ws)             # an instance never reported that window
@@ -188,8 +196,11 @@ class BalancerPlugin(SchedulerPlugin):
         op = j.control.operator(operator)
         n, G = op.table.parallelism, op.table.key_groups
         load = np.zeros(G)
-        for r in reports.values():
-            np.add.at(load, r["groups"], r["counts"])
+        for (kind, _), r in reports.items():
+            if kind == "router":
+                np.add.at(load, r["groups"], r["counts"])
+        reports = {**{i: r for (kind, i), r in reports.items() if kind == "owner"},
+                   "final": any(r["final"] for r in reports.values())}
         recent = frozenset(g for g, e in op.moved_at.items() if e > op.table.epoch - 3)
         report = LoadReport(
             operator, op.table.owners, load, n, epoch=op.table.epoch, window_start=window_start,
@@ -206,7 +217,7 @@ class BalancerPlugin(SchedulerPlugin):
                                       "floor": floor, "records": float(total), "epoch": op.table.epoch})
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
-        if any(r["final"] for r in reports.values()):
+        if reports["final"]:
             return                      # the stream is ending: nothing left to balance
         try:
             plan = j.balancer.plan(report)

@@ -105,10 +105,10 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
         jid = job.id
 
         def send_garbage(dask_worker, jid=jid):
-            for msg in ({"instance": 9, "groups": [1], "counts": [5]},
-                        {"instance": 0, "groups": [500], "counts": [5]},
-                        {"instance": 0, "groups": [1, 2], "counts": [5]},
-                        {"instance": 0}):
+            for msg in ({"kind": "owner", "instance": 9},
+                        {"kind": "router", "instance": 0, "groups": [500], "counts": [5]},
+                        {"kind": "router", "instance": 0, "groups": [1, 2], "counts": [5]},
+                        {"kind": "router", "instance": 0}):
                 dask_worker.batched_stream.send({
                     "op": "streamlb-load", "job": jid, "operator": "agg", "window_start": 1.0,
                     "records": 1, "busy": 0.1, "queued": 0, **msg})
@@ -121,7 +121,7 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
         pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
     reasons = " | ".join(r["reason"] for r in refused)
     assert "instance 9 outside 0..3 of 'agg'" in reasons
-    assert reasons.count("key-group counts of 'agg'[0] do not fit 0..127") == 2
+    assert reasons.count("key-group counts from router 0 of 'agg' do not fit 0..127") == 2
     assert "malformed load report" in reasons and len(refused) == 4
 
 
