@@ -200,8 +200,9 @@ class Instance:
         self.status = "ready"
         return self.worker.address
 
-    async def start(self) -> None:
+    async def start(self, epoch0: float | None = None) -> None:
         self.started_at = time.time()
+        self._epoch0 = epoch0 or self.started_at
         self.status = "running"
         self._win = _Window(self._window_start(self.started_at))
         self._tasks.append(asyncio.ensure_future(self._ticker()))
@@ -235,13 +236,27 @@ class Instance:
     async def _run_source(self) -> None:
         st = self.stage
         per_instance = st.rate / st.parallelism if st.rate else None
-        t0 = time.time()
+        replay = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
+        if replay:
+            # one clock for every instance: event time maps linearly onto the wall time the
+            # whole log takes at ``rate``
+            lo, hi = st.time_range
+            speed = (st.total_rows / st.rate) / (hi - lo)
+            t0 = self._epoch0
+        else:
+            t0 = time.time()
         sent = 0
         for batch in self._source_batches():
             n = len(batch)
             if not self._gate.is_set():
                 await self._gate.wait()
-            if per_instance:
+            if replay:
+                due = t0 + (_as_seconds(batch[st.event_time].iloc[-1]) - lo) * speed
+                delay = due - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                emitted = due
+            elif per_instance:
                 due = t0 + (sent + n) / per_instance
                 delay = due - time.time()
                 if delay > 0:
@@ -268,19 +283,27 @@ class Instance:
         # Like a consumer of several log partitions, read all owned files at once: next from
         # the file furthest behind in proportion, so files that cover the same time span
         # advance through it together (each file is still read in order).
-        readers, total = {}, {}
+        # With an event-time column, the file whose next batch starts earliest goes first.
+        readers, total, ahead = {}, {}, {}
         for f in st.assignment[self.index]:
             pf = pq.ParquetFile(f)
             total[f] = max(pf.metadata.num_rows, 1)
             readers[f] = pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False)
             self.offsets[f] = 0
-        while readers:
-            f = min(readers, key=lambda name: (self.offsets[name] / total[name], name))
-            rb = next(readers[f], None)
-            if rb is None:
-                del readers[f]
-                continue
-            df = rb.to_pandas(use_threads=False)
+        while readers or ahead:
+            for f in [f for f in readers if f not in ahead]:
+                rb = next(readers[f], None)
+                if rb is None:
+                    del readers[f]
+                else:
+                    ahead[f] = rb.to_pandas(use_threads=False)
+            if not ahead:
+                break
+            if st.event_time:
+                f = min(ahead, key=lambda name: (_as_seconds(ahead[name][st.event_time].iloc[0]), name))
+            else:
+                f = min(ahead, key=lambda name: (self.offsets[name] / total[name], name))
+            df = ahead.pop(f)
             self.offsets[f] += len(df)
             yield df
 
@@ -442,7 +465,11 @@ class Instance:
         for dest, gs in by_dest.items():
             blob = self.store.cut(gs)
             await self.siblings[dest].call("install_state", m.epoch, gs, blob)
-        if len(m.sent) == len(m.outgoing) and not m.incoming:
+        self._maybe_done(m)
+
+    def _maybe_done(self, m: "_Migration") -> None:
+        # an owner may give and take key groups in the same epoch: both sides must be through
+        if len(m.sent) == len(m.outgoing) and len(m.installed) == len(m.incoming):
             self._done_epochs.add(m.epoch)
 
     async def _drain_lazy(self, m: "_Migration") -> None:
@@ -483,8 +510,7 @@ class Instance:
             self._pending_in.pop(g, None)
         m = self._migs[epoch]
         m.installed.update(groups)
-        if len(m.installed) == len(m.incoming) and len(m.sent) == len(m.outgoing):
-            self._done_epochs.add(epoch)
+        self._maybe_done(m)
         keep = []
         for h in self._held:            # in arrival order: per-key order holds
             mask = np.isin(h.groups, np.fromiter(got, np.int64, len(got)))
@@ -768,6 +794,10 @@ class Instance:
         if self.status not in ("done", "failed"):
             self.status = "stopped"
             self._abort_writers()
+
+
+def _as_seconds(v) -> float:
+    return pd.Timestamp(v).value / 1e9 if not isinstance(v, (int, float, np.number)) else float(v)
 
 
 def _bad_keys(keys: pd.Series) -> tuple[np.ndarray | None, list[str]]:

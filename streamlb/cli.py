@@ -44,7 +44,7 @@ def _demo(args) -> int:
 
     results, ok = {}, True
     for balancer in args.balancers:
-        src = Stream.from_parquet(path, rate=args.rate, batch_size=args.batch_size)
+        src = Stream.from_parquet(path, rate=args.rate, batch_size=args.batch_size, event_time="event_time")
         src.key_by("key").aggregate(spec, name="totals", parallelism=args.parallelism)
         with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256,
                           balancer=balancer, migration=args.migration) as job:

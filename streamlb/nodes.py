@@ -75,6 +75,11 @@ class from_parquet(Source):
         Source instances (default: one per worker, at most one per file).
     columns : list of str, optional
         Columns to read (default all).
+    event_time : str, optional
+        A timestamp (or numeric) column each file is ordered by. Each instance then reads its
+        files merged by this column, and with ``rate`` every instance replays the log on one
+        shared clock (event time mapped to wall time), so the stream stays in event-time order
+        across files and instances, as a log replayed at speed would be.
 
     Examples
     --------
@@ -83,7 +88,8 @@ class from_parquet(Source):
     >>> counts = src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
     """
 
-    def __init__(self, path, rate=None, batch_size=None, parallelism=None, columns=None, **kwargs):
+    def __init__(self, path, rate=None, batch_size=None, parallelism=None, columns=None, event_time=None,
+                 **kwargs):
         if rate is not None and not rate > 0:
             raise PipelineError(f"from_parquet({path!r}): rate must be > 0 records/s, got {rate!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -96,6 +102,9 @@ class from_parquet(Source):
         self.batch_size = batch_size
         self.parallelism = parallelism
         self.columns = list(columns) if columns is not None else None
+        if event_time is not None and not isinstance(event_time, str):
+            raise PipelineError(f"from_parquet({path!r}): event_time must be a column name, got {event_time!r}")
+        self.event_time = event_time
         super().__init__(**kwargs)
 
     async def run(self):

@@ -56,6 +56,8 @@ class Stage:
     batch_size: int = 65536
     columns: list | None = None
     total_rows: int = 0
+    event_time: str | None = None                   # parquet_source: column to merge files by
+    time_range: tuple | None = None                 # (min, max) of event_time, float seconds
     children: list = field(default_factory=list)
 
     @property
@@ -110,6 +112,43 @@ def parquet_files(path: str) -> list[str]:
     if not files:
         raise InputPathError(f"input path {path!r} holds no *.parquet files")
     return files
+
+
+def _time_range(files: list[str], column: str | None) -> tuple[float, float] | None:
+    """(min, max) of ``column`` over all files, from Parquet statistics, as float seconds."""
+    if column is None:
+        return None
+    import pyarrow.parquet as pq
+
+    lo, hi = [], []
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        names = md.schema.to_arrow_schema().names
+        if column not in names:
+            raise SchemaError(
+                f"from_parquet: event_time column {column!r} is not in {f!r}; columns there: {', '.join(names)}"
+            )
+        i = names.index(column)
+        for rg in range(md.num_row_groups):
+            st = md.row_group(rg).column(i).statistics
+            if st is None or not st.has_min_max:
+                t = pq.read_table(f, columns=[column]).column(0)
+                import pyarrow.compute as pc
+
+                mm = pc.min_max(t)
+                lo.append(_seconds(mm["min"].as_py()))
+                hi.append(_seconds(mm["max"].as_py()))
+                break
+            lo.append(_seconds(st.min))
+            hi.append(_seconds(st.max))
+    return (min(lo), max(hi)) if lo else None
+
+
+def _seconds(v) -> float:
+    """A timestamp or number as float seconds (numbers are taken as seconds)."""
+    if hasattr(v, "timestamp"):
+        return pd.Timestamp(v).value / 1e9
+    return float(v)
 
 
 def _row_counts(files: list[str]) -> list[int]:
@@ -176,6 +215,7 @@ class _Planner:
                 kind="parquet_source", parallelism=par, files=files, rate=n.rate,
                 batch_size=n.batch_size or self.batch_size, columns=n.columns,
                 total_rows=sum(rows), assignment=assign_files(files, rows, par),
+                event_time=n.event_time, time_range=_time_range(files, n.event_time),
             )
         elif isinstance(n, sz_sources.from_iterable):
             items = list(n._iterable)
@@ -337,4 +377,5 @@ def _project(plan: Plan) -> None:
             needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
             import pyarrow.parquet as pq
 
+            needed |= {src.event_time} - {None}
             src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]

@@ -131,11 +131,13 @@ class BalancerPlugin(SchedulerPlugin):
                              fluid_step=config.get("migration.fluid-step"),
                              timeout=config.seconds("migration.timeout"))
 
-    async def migrate_handler(self, job: str, operator: str, key_groups: list, to_instance: int,
+    async def migrate_handler(self, job: str, operator: str, assignment: list,
                               strategy: str | None = None) -> dict:
+        """Manual moves (``Job.migrate``/``Job.reassign``): ``assignment`` is [[group, instance]...]."""
         j = self._job(job)
-        groups = j.control.validate(operator, key_groups, to_instance)
-        table = await self._migrate(j, operator, {g: int(to_instance) for g in groups},
+        for g, to in assignment:
+            j.control.validate(operator, [g], to)
+        table = await self._migrate(j, operator, {int(g): int(to) for g, to in assignment},
                                     check_strategy(strategy or j.migration))
         return {"owners": table.owners.tolist(), "epoch": table.epoch}
 
@@ -213,8 +215,12 @@ class BalancerPlugin(SchedulerPlugin):
                              "latency_p99_ms": reports[i]["latency_p99_ms"]} for i in range(n)]
         total = load.sum()
         floor = max(1.0, n * load.max() / total) if total > 0 else 1.0
-        j.imbalance[operator].append({"window_start": window_start, "imbalance": report.imbalance(),
-                                      "floor": floor, "records": float(total), "epoch": op.table.epoch})
+        applied = np.array([reports[i]["records"] for i in range(n)], dtype=float)
+        measured = float(applied.max() / applied.mean()) if applied.sum() > 0 else 1.0
+        j.imbalance[operator].append({
+            "window_start": window_start, "imbalance": measured, "floor": floor,
+            "planned": report.imbalance(), "records": float(total), "epoch": op.table.epoch,
+        })
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
         if reports["final"]:

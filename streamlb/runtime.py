@@ -185,7 +185,8 @@ class Job:
             client.sync(client.scheduler.streamlb_register_job, job=self.id, topology=self.topology(),
                         balancer=balancer, options=balancer_options or {}, migration=migration)
         order = sorted(self.actors, key=lambda k: by_id[k[0]].is_source)
-        for c in [self.actors[k].start() for k in order]:
+        epoch0 = time.time() + 0.05     # replaying sources share this wall-clock origin
+        for c in [self.actors[k].start(epoch0) for k in order]:
             c.result()
         self.started_at = time.time()
 
@@ -382,24 +383,32 @@ class Job:
             For an unknown operator, instance or key group, or a job that is not running; the
             job keeps running on its current routing.
         """
+        groups = self.control.validate(operator, key_groups, to_instance)
+        return self.reassign(operator, {g: int(to_instance) for g in groups}, strategy)
+
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str | None = None) -> RoutingTable:
+        """Give each key group of ``assignment`` to its new instance, in one plan: an instance
+        may give and take key groups in the same epoch. See :meth:`migrate`."""
         from ._coordinator import actor_call, check_strategy, migrate
 
         self.plan.stage(operator)
-        groups = self.control.validate(operator, key_groups, to_instance)
+        for g, to in assignment.items():
+            self.control.validate(operator, [g], to)
         strategy = check_strategy(strategy or self.migration or config.get("migration.strategy"))
         if self.status != "running":
             raise MigrationError(f"job {self.id} is {self.status}; migrations need a running job")
+        assignment = {int(g): int(to) for g, to in assignment.items()}
         if self.balancer is not None:
             state = self.client.sync(self.client.scheduler.streamlb_migrate, job=self.id, operator=operator,
-                                     key_groups=groups, to_instance=int(to_instance), strategy=strategy)
-            return RoutingTable(np.asarray(state["owners"]), len(state["owners"]) and
-                                self.plan.stage(operator).parallelism, state["epoch"])
+                                     assignment=[[g, to] for g, to in assignment.items()], strategy=strategy)
+            return RoutingTable(np.asarray(state["owners"]), self.plan.stage(operator).parallelism,
+                                state["epoch"])
 
         async def call(address, key, method, *args):
             return await actor_call(self.client.rpc, address, key, method, *args)
 
         return self.client.sync(
-            migrate, self.control, call, operator, {g: int(to_instance) for g in groups}, strategy,
+            migrate, self.control, call, operator, assignment, strategy,
             fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
         )
 

@@ -125,3 +125,20 @@ def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_p
         pd.testing.assert_frame_equal(job.state("totals"), zipf_frame.groupby("key").agg(**AGG), check_dtype=False)
         with pytest.raises(MigrationError, match="is done; migrations need a running job"):
             job.migrate("totals", [3], 1)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_frame, strategy):
+    src, outs = pipeline(zipf_path, rate=300_000)
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        time.sleep(0.2)
+        owners = job.routing("totals").owners
+        a = int(np.flatnonzero(owners == 0)[0])
+        b = int(np.flatnonzero(owners == 1)[0])
+        c = int(np.flatnonzero(owners == 2)[0])
+        table = job.reassign("totals", {a: 1, b: 2, c: 0}, strategy=strategy)   # a cycle
+        assert table.epoch == 1          # three groups fit in one epoch, fluid included
+        assert (table.owners[[a, b, c]] == [1, 2, 0]).all()
+        job.wait(timeout=120)
+        pd.testing.assert_frame_equal(job.state("totals"), zipf_frame.groupby("key").agg(**AGG), check_dtype=False)
+        check_running_count(pd.concat(outs), job.state("running"), zipf_frame)

@@ -22,7 +22,7 @@ def _run(client, path, balancer):
 
     import streamlb
 
-    src = Stream.from_parquet(path, batch_size=10_000, rate=RATE)
+    src = Stream.from_parquet(path, batch_size=10_000, rate=RATE, event_time="event_time")
     src.key_by("key").aggregate({"n": ("value", "count"), "s": ("value", "sum")}, parallelism=N, name="agg")
     with streamlb.run(src, client=client, key_groups=G, window=WINDOW, balancer=balancer,
                       migration="fluid") as job:
