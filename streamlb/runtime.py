@@ -383,6 +383,7 @@ class Job:
             For an unknown operator, instance or key group, or a job that is not running; the
             job keeps running on its current routing.
         """
+        self.plan.stage(operator)
         groups = self.control.validate(operator, key_groups, to_instance)
         return self.reassign(operator, {g: int(to_instance) for g in groups}, strategy)
 
