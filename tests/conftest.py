@@ -1,6 +1,7 @@
 """Shared fixtures: one PySpark session, datasets it prepares, real Dask clusters."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -55,24 +56,23 @@ def client(request):
         yield c
 
 
-@pytest.fixture(scope="session")
-def cli_cluster():
-    """A `dask scheduler` and two `dask worker` processes on loopback, started as a user would."""
+@contextlib.contextmanager
+def dask_cli_cluster(scheduler_args=(), env=None, workers=2):
+    """`dask scheduler` and `dask worker` processes on loopback, started as a user would.
+
+    Yields the scheduler address once ``workers`` workers joined.
+    """
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **(env or {}))
     dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
-    procs = [subprocess.Popen(
-        [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )]
+    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0", *scheduler_args], **quiet)]
     try:
-        for _ in range(2):
-            procs.append(subprocess.Popen(
-                [dask, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                 "--dashboard-address", ":0"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+        for _ in range(workers):
+            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                                           "--dashboard-address", ":0"], **quiet))
         from distributed import Client
 
         deadline = time.time() + 60
@@ -84,8 +84,8 @@ def cli_cluster():
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
-        c.wait_for_workers(2, timeout=60)
-        c.close()
+        with c:
+            c.wait_for_workers(workers, timeout=60)
         yield address
     finally:
         for p in procs[::-1]:
@@ -95,3 +95,10 @@ def cli_cluster():
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@pytest.fixture(scope="session")
+def cli_cluster():
+    """A `dask scheduler` and two `dask worker` processes on loopback."""
+    with dask_cli_cluster() as address:
+        yield address

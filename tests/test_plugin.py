@@ -1,9 +1,5 @@
 """The balancer plugin on a real scheduler: load reports, plans, live moves, state over HTTP."""
 import json
-import os
-import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -13,7 +9,7 @@ import pytest
 from streamz import Stream
 
 import streamlb
-from conftest import HERE, free_port
+from conftest import dask_cli_cluster
 from streamlb.plugin import NAME, BalancerPlugin
 
 AGG = {"n": ("value", "count"), "total": ("value", "sum")}
@@ -142,42 +138,16 @@ def test_register_plugin_explicitly(cluster2, skewed):
 
 def test_preload_on_a_dask_scheduler_process(skewed):
     path, df = skewed
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-               DASK_STREAMLB__BALANCER__NAME="autoflow")
-    dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", ":0", "--preload", "streamlb.plugin"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        for _ in range(2):
-            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                                           "--dashboard-address", ":0"],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
+    from distributed import Client
 
-        deadline = time.time() + 60
-        while True:
-            try:
-                client = Client(address, timeout=5)
-                break
-            except OSError:
-                assert time.time() < deadline
-                time.sleep(0.5)
-        with client:
-            client.wait_for_workers(2, timeout=60)
-            # there before any job asked for it, with the scheduler's config
-            assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].balancer) == "autoflow"
-            src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
-            src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
-            with streamlb.run(src, client=client, key_groups=128, window="250ms", balancer="autoflow") as job:
-                job.wait(timeout=120)
-                pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
-                assert len(job.history) >= 1
-                assert set(job.metrics().worker) == set(client.scheduler_info()["workers"])
-    finally:
-        for p in procs[::-1]:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=20)
+    with dask_cli_cluster(["--preload", "streamlb.plugin"], env={"DASK_STREAMLB__BALANCER__NAME": "autoflow"}) \
+            as address, Client(address) as client:
+        # there before any job asked for it, with the scheduler's config
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].balancer) == "autoflow"
+        src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
+        src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
+        with streamlb.run(src, client=client, key_groups=128, window="250ms", balancer="autoflow") as job:
+            job.wait(timeout=120)
+            pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+            assert len(job.history) >= 1
+            assert set(job.metrics().worker) == set(client.scheduler_info()["workers"])
