@@ -238,26 +238,18 @@ class Instance:
         per_instance = st.rate / st.parallelism if st.rate else None
         replay = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
         if replay:
-            # one clock for every instance: event time maps linearly onto the wall time the
-            # whole log takes at ``rate``
-            lo, hi = st.time_range
-            speed = (st.total_rows / st.rate) / (hi - lo)
-            t0 = self._epoch0
+            batches = self._replay_batches()
         else:
-            t0 = time.time()
+            batches = ((b, None) for b in self._source_batches())
+        t0 = time.time()
         sent = 0
-        for batch in self._source_batches():
+        for batch, due in batches:
             n = len(batch)
             if not self._gate.is_set():
                 await self._gate.wait()
-            if replay:
-                due = t0 + (_as_seconds(batch[st.event_time].iloc[-1]) - lo) * speed
-                delay = due - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                emitted = due
-            elif per_instance:
+            if due is None and per_instance:
                 due = t0 + (sent + n) / per_instance
+            if due is not None:
                 delay = due - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -272,6 +264,57 @@ class Instance:
             await self._run_steps(st.children, batch, emitted)
             self._account(n, time.perf_counter() - t1 - self._blocked, None)
         await self._finish()
+
+    def _replay_batches(self):
+        """Replay on one clock shared by every instance: the event-time span of the whole log
+        maps onto the wall time it takes at ``rate``. Each step takes, from every owned file,
+        the rows of the next slice of event time (about ``batch_size`` rows for this
+        instance) and emits them, ordered by event time, when the slice ends."""
+        st = self.stage
+        col = st.event_time
+        lo, hi = st.time_range
+        wall = st.total_rows / st.rate                      # seconds the whole log takes
+        per_slice = st.batch_size / (st.rate / st.parallelism)
+        step = (hi - lo) * per_slice / wall                 # event time per slice
+        heads = {f: iter(self._file_batches(f)) for f in st.assignment[self.index]}
+        bufs: dict[str, pd.DataFrame] = {}
+        t = lo
+        while heads or bufs:
+            t_end = t + step
+            parts = []
+            for f in list(heads) + [f for f in bufs if f not in heads]:
+                while True:
+                    buf = bufs.get(f)
+                    if buf is None or not len(buf):
+                        nxt = next(heads[f], None) if f in heads else None
+                        if nxt is None:
+                            heads.pop(f, None)
+                            bufs.pop(f, None)
+                            break
+                        buf = bufs[f] = nxt
+                    times = _times(buf[col])
+                    cut = int(np.searchsorted(times, t_end, side="left"))
+                    if cut:
+                        parts.append(buf.iloc[:cut])
+                    if cut < len(buf):
+                        bufs[f] = buf.iloc[cut:]
+                        break
+                    bufs[f] = buf.iloc[:0]
+            if parts:
+                chunk = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+                if len(parts) > 1:
+                    chunk = chunk.iloc[np.argsort(_times(chunk[col]), kind="stable")].reset_index(drop=True)
+                yield chunk, self._epoch0 + (t_end - lo) / (hi - lo) * wall
+            t = t_end
+
+    def _file_batches(self, f: str):
+        import pyarrow.parquet as pq
+
+        for rb in pq.ParquetFile(f).iter_batches(batch_size=self.stage.batch_size, columns=self.stage.columns,
+                                                  use_threads=False):
+            df = rb.to_pandas(use_threads=False)
+            self.offsets[f] = self.offsets.get(f, 0) + len(df)
+            yield df
 
     def _source_batches(self):
         st = self.stage
@@ -794,6 +837,14 @@ class Instance:
         if self.status not in ("done", "failed"):
             self.status = "stopped"
             self._abort_writers()
+
+
+def _times(col: pd.Series) -> np.ndarray:
+    """An event-time column as float seconds."""
+    arr = col.to_numpy()
+    if arr.dtype.kind == "M":
+        return arr.astype("datetime64[ns]").astype(np.int64) / 1e9
+    return arr.astype(np.float64)
 
 
 def _as_seconds(v) -> float:
