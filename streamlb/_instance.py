@@ -310,8 +310,8 @@ class Instance:
     def _file_batches(self, f: str):
         import pyarrow.parquet as pq
 
-        for rb in pq.ParquetFile(f).iter_batches(batch_size=self.stage.batch_size, columns=self.stage.columns,
-                                                  use_threads=False):
+        pf = pq.ParquetFile(f)
+        for rb in pf.iter_batches(batch_size=self.stage.batch_size, columns=self.stage.columns, use_threads=False):
             df = rb.to_pandas(use_threads=False)
             self.offsets[f] = self.offsets.get(f, 0) + len(df)
             yield df
@@ -597,7 +597,7 @@ class Instance:
         if k == "map":
             await self._run_steps(step.children, self._call_user(step, step.func, x), emitted)
         elif k == "starmap":
-            await self._run_steps(step.children, self._call_user(step, lambda *a, **kw: step.func(*a, **kw), *x), emitted)
+            await self._run_steps(step.children, self._call_user(step, step.func, *x), emitted)
         elif k == "filter":
             keep = self._call_user(step, step.func, x)
             if isinstance(keep, (bool, np.bool_)):

@@ -179,7 +179,8 @@ def get_balancer(name: str | Balancer, **kwargs) -> Balancer:
         return name
     eps = available_balancers()
     if name not in eps:
-        raise ValueError(f"unknown balancer {name!r}; valid balancers are {', '.join(sorted(eps)) or '(none installed)'}")
+        valid = ", ".join(sorted(eps)) or "(none installed)"
+        raise ValueError(f"unknown balancer {name!r}; valid balancers are {valid}")
     cls = eps[name].load()
     bal = cls(**kwargs)
     if not isinstance(bal, Balancer):

@@ -235,8 +235,6 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
     if drift_every is not None and drift_every < 1:
         raise ValueError(f"drift_every must be a positive integer or None, got {drift_every!r}")
     spark = spark_session()
-    from pyspark.sql import functions as F
-
     k, s, d, sd, P = int(keys), float(skew), drift_every, int(seed), int(partitions)
 
     def gen(batches):

@@ -13,12 +13,13 @@ from streamz import sinks as sz_sinks
 from streamz import sources as sz_sources
 
 from . import nodes
-from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError, UnpicklableFunctionError
+from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError
 from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
-SUPPORTED = "from_parquet, from_iterable, key_by, aggregate, stateful_map, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet"
+SUPPORTED = ("from_parquet, from_iterable, key_by, aggregate, stateful_map, rebalance, map, starmap, "
+             "filter, flatten, sink, sink_to_list, to_parquet")
 
 
 @dataclass

@@ -53,7 +53,8 @@ def test_unpicklable_function_names_operator_and_function(client, small_parquet)
 def test_float_key_column_is_refused_before_start(client, small_parquet):
     src = Stream.from_parquet(small_parquet)
     src.key_by("price").aggregate({"n": ("value", "count")}, name="by_price")
-    with pytest.raises(KeyTypeError, match=r"'by_price': key column 'price' has type double.*integers, booleans and strings"):
+    with pytest.raises(KeyTypeError,
+                       match=r"'by_price': key column 'price' has type double.*integers, booleans and strings"):
         streamlb.run(src, client=client)
 
 
