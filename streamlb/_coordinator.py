@@ -192,6 +192,8 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         "key_groups": sorted(assignment), "from": sorted(outgoing), "to": sorted(incoming),
         "started": t0, "completed": time.time(),
         "applied_while_waiting": int(sum(by_instance[i]["applied_while_waiting"].get(epoch, 0) for i in incoming)),
+        "first_moved_record_applied": min(
+            (t for i in incoming if (t := by_instance[i]["first_applied"].get(epoch)) is not None), default=None),
     })
 
 

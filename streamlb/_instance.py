@@ -94,6 +94,7 @@ class _Migration:
         self.requested: set[int] = set()
         self.installed: set[int] = set()
         self.applied_while_waiting = 0
+        self.first_applied: float | None = None      # first held row of a moved group applied
 
 
 class _Held:
@@ -559,6 +560,8 @@ class Instance:
             mask = np.isin(h.groups, np.fromiter(got, np.int64, len(got)))
             if mask.any():
                 await self._apply(h.frame[mask], h.emitted, None, h.groups[mask])
+                if m.first_applied is None:
+                    m.first_applied = time.time()
                 h.frame, h.groups = h.frame[~mask], h.groups[~mask]
             if len(h.frame):
                 keep.append(h)
@@ -570,7 +573,8 @@ class Instance:
         """Epoch progress at this instance, for the coordinator."""
         return {"done": sorted(self._done_epochs), "pending_groups": len(self._pending_in),
                 "held_batches": len(self._held), "status": self.status,
-                "applied_while_waiting": {e: m.applied_while_waiting for e, m in self._migs.items()}}
+                "applied_while_waiting": {e: m.applied_while_waiting for e, m in self._migs.items()},
+                "first_applied": {e: m.first_applied for e, m in self._migs.items()}}
 
     # -- fused steps --------------------------------------------------------------------------
     async def _run_steps(self, steps: list[Step], x, emitted: float) -> None:

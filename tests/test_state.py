@@ -104,3 +104,17 @@ def test_stateful_map_cut_and_install():
     b.install(a.cut(g))
     assert set(a.states) | set(b.states) == set(range(20)) and not set(a.states) & set(b.states)
     assert set(assign_to_key_group(np.array(list(b.states)), 8).tolist()) <= g
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 5000), labels=hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(0, 4999)))
+def test_float_scatter_add_matches_ufunc_at(n, labels):
+    from streamlb._state import _add_float
+
+    labels = labels % n
+    values = np.arange(len(labels), dtype=float)
+    want = np.zeros(n)
+    np.add.at(want, labels, values)
+    got = np.zeros(n)
+    _add_float(got, labels, values, n)
+    np.testing.assert_array_equal(got, want)
