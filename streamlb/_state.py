@@ -19,36 +19,41 @@ def _grow(arr: np.ndarray, n: int, fill) -> np.ndarray:
 
 
 class _KeyIndex:
-    """Stable dense slots for keys, grown incrementally (one hash table for the lifetime)."""
+    """Stable dense slots for keys, grown incrementally (one hash table for the lifetime).
+
+    Each batch is labelled against the table with a fresh vector for its new keys, so the
+    cost is O(batch) whatever the number of keys held (pandas' Factorizer copies all its
+    keys on every call).
+    """
 
     def __init__(self, key_groups: int, key_name: str) -> None:
         self.groups = key_groups
         self.key_name = key_name
-        self._fact = None
+        self._table = None
         self.keys: np.ndarray | None = None
         self.key_groups = np.zeros(0, dtype=np.int64)
         self.n = 0
 
     def slots(self, keys: np.ndarray) -> np.ndarray:
-        if self._fact is None:
+        if self._table is None:
             if keys.dtype.kind in "iu" and keys.dtype != np.uint64:
-                self._fact, self._dtype = _ht.Int64Factorizer(1024), np.int64
+                self._table, self._vector, self._dtype = _ht.Int64HashTable(1024), _ht.Int64Vector, np.int64
             elif keys.dtype == np.uint64:
-                self._fact, self._dtype = _ht.UInt64Factorizer(1024), np.uint64
+                self._table, self._vector, self._dtype = _ht.UInt64HashTable(1024), _ht.UInt64Vector, np.uint64
             else:
-                self._fact, self._dtype = _ht.ObjectFactorizer(1024), object
+                self._table, self._vector, self._dtype = _ht.PyObjectHashTable(1024), _ht.ObjectVector, object
             self.keys = np.empty(0, dtype=self._dtype)
         keys = np.require(keys, dtype=self._dtype, requirements=["C", "A"])
         old = self.n
-        labels = self._fact.factorize(keys).astype(np.int64, copy=False)
-        n = self._fact.get_count()
-        if n > old:
+        fresh = self._vector()
+        labels = self._table.get_labels(keys, fresh, old, -1).astype(np.int64, copy=False)
+        added = fresh.to_array()            # keys new in this batch, in slot order from ``old``
+        if len(added):
+            n = old + len(added)
             self.keys = _grow(self.keys, n, 0 if self._dtype is not object else None)
             self.key_groups = _grow(self.key_groups, n, -1)
-            new = labels >= old
-            # rows with one label hold one key, so duplicate writes agree
-            self.keys[labels[new]] = keys[new]
-            self.key_groups[old:n] = assign_to_key_group(self.keys[old:n], self.groups, name=self.key_name)
+            self.keys[old:n] = added
+            self.key_groups[old:n] = assign_to_key_group(added, self.groups, name=self.key_name)
             self.n = n
         return labels
 
