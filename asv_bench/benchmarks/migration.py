@@ -1,0 +1,126 @@
+"""Latency and memory while a large state migrates, per strategy.
+
+About 5.3M keys are held by a keyed count (2 instances, one per worker) fed by an open-loop
+event-time replay at RATE records/s; then every key group of instance 0 (about half the
+state) moves to instance 1. Latency per 100 ms window comes from the job's metrics; memory
+is the workers' resident set sampled every 20 ms.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ._common import cluster, zipf_dataset
+
+ROWS, KEYS = 10_000_000, 14_000_000
+RATE = 600_000
+MOVE_AT = 11.0                     # seconds into the replay: ~6.6M rows read, ~5.3M keys held
+STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
+
+
+def _sampler(dask_worker, stop=None):
+    import threading
+
+    import psutil
+
+    proc = psutil.Process()
+    samples = dask_worker._streamlb_rss = []
+
+    def loop():
+        while not getattr(dask_worker, "_streamlb_rss_stop", False):
+            samples.append((time.time(), proc.memory_info().rss))
+            time.sleep(0.02)
+
+    dask_worker._streamlb_rss_stop = False
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _collect(dask_worker):
+    dask_worker._streamlb_rss_stop = True
+    return list(getattr(dask_worker, "_streamlb_rss", []))
+
+
+def _run(client, path, strategy):
+    from streamz import Stream
+
+    import streamlb
+
+    client.run(_sampler)
+    src = Stream.from_parquet(path, batch_size=20_000, rate=RATE, event_time="event_time")
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=2, name="n")
+    with streamlb.run(src, client=client, key_groups=256, window=0.1) as job:
+        time.sleep(MOVE_AT)
+        held = len(job.state("n"))
+        job.migrate("n", job.routing("n").key_groups_of(0), 1, strategy=strategy)
+        rec = job.history[-1] if strategy != "fluid" else None
+        epochs = job.history
+        job.wait()
+        m = job.metrics()
+    rss = client.run(_collect)
+    start, end = epochs[0]["started"], epochs[-1]["completed"]
+    ops = m[m.operator == "n"].copy()
+    ops["t"] = ops.window_start.astype("int64") / 1e9
+    during = ops[(ops.t >= start - 0.1) & (ops.t <= end + 0.3)]
+    steady = ops[(ops.t >= start - 1.6) & (ops.t < start - 0.2)]
+    mem_during = max(r for samples in rss.values() for t, r in samples if start <= t <= end + 0.3)
+    mem_steady = max(r for samples in rss.values() for t, r in samples if start - 1.0 <= t < start)
+    first = [e["first_moved_record_applied"] for e in epochs if e["first_moved_record_applied"]]
+    return {
+        "held_keys": held,
+        "max_latency_ms": float(during.latency_max_ms.max()),
+        "p99_during_ms": float(during.latency_p99_ms.quantile(0.99)),
+        "p99_steady_ms": float(steady.latency_p99_ms.quantile(0.99)),
+        "rss_ratio": mem_during / mem_steady,
+        "first_record_ms": (min(first) - start) * 1e3 if first else float("nan"),
+        "migration_s": end - start,
+        "epochs": len(epochs),
+        "_rec": rec,
+    }
+
+
+class LargeStateMigration:
+    timeout = 1800
+    number = 1
+    repeat = 1
+    params = [STRATEGIES]
+    param_names = ["strategy"]
+
+    def setup_cache(self):
+        path = zipf_dataset(ROWS, KEYS, 0.0, partitions=4)
+        out = {}
+        cl, client = cluster(2)
+        with cl, client:
+            for s in STRATEGIES:
+                out[s] = _run(client, path, s)
+        return out
+
+    def track_keys_held_at_migration(self, r, strategy):
+        return float(r[strategy]["held_keys"])
+
+    track_keys_held_at_migration.unit = "keys"
+
+    def track_max_latency_during_migration(self, r, strategy):
+        return r[strategy]["max_latency_ms"]
+
+    track_max_latency_during_migration.unit = "ms"
+
+    def track_p99_during_over_steady(self, r, strategy):
+        return r[strategy]["p99_during_ms"] / r[strategy]["p99_steady_ms"]
+
+    track_p99_during_over_steady.unit = "ratio"
+
+    def track_peak_memory_during_over_steady(self, r, strategy):
+        return r[strategy]["rss_ratio"]
+
+    track_peak_memory_during_over_steady.unit = "ratio"
+
+    def track_first_moved_record_applied_after_plan(self, r, strategy):
+        return r[strategy]["first_record_ms"]
+
+    track_first_moved_record_applied_after_plan.unit = "ms"
+
+    def track_migration_seconds(self, r, strategy):
+        return r[strategy]["migration_s"]
+
+    track_migration_seconds.unit = "s"
