@@ -155,21 +155,28 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         incoming.setdefault(to, {})[g] = frm
     peer = op.owners
     t0 = time.time()
-    try:
-        await _gather(f"prepare epoch {epoch} of {op.name}",
-                      [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()])
-        await _gather(f"prepare epoch {epoch} of {op.name}",
-                      [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])
-    except MigrationError:
+
+    async def abort() -> None:
         # no router has switched: forget the epoch everywhere and keep the current routing
         await asyncio.gather(*[call(*peer[i], "abort", epoch) for i in {*incoming, *outgoing}],
                              return_exceptions=True)
-        raise
+
+    for what, calls in (("new", [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()]),
+                        ("old", [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])):
+        # wait for every prepare, failed or not, so none lands after the abort
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await abort()
+            raise MigrationError(f"prepare epoch {epoch} of {op.name} on the {what} owners failed: "
+                                 f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
     paused = strategy == "pause"
+    switching = False
     try:
         if paused:
             await _gather("pausing the sources", [call(*s, "pause") for s in ctl.sources])
             await _until(lambda: _all_idle(ctl, call), timeout, f"job {ctl.job} to drain before epoch {epoch}")
+        switching = True
         await _gather(f"switching the routers of {op.name} to epoch {epoch}",
                       [call(*r, "set_table", _target(ctl, op), new) for r in op.routers])
         op.table = new          # the routers route by it now, whatever happens next
@@ -181,6 +188,10 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
             return all(epoch in s["done"] for s in status)
 
         await _until(complete, timeout, f"epoch {epoch} of {op.name} to complete")
+    except BaseException:
+        if not switching:
+            await abort()
+        raise
     finally:
         if paused:
             await _gather("resuming the sources", [call(*s, "resume") for s in ctl.sources])

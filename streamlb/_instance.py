@@ -158,6 +158,7 @@ class Instance:
         # epoch protocol (see docs/migration.md)
         self._eos_from: set[int] = set()
         self._eos_sent = False
+        self._eos_sent_to: set[int] = set()
         self._marks: dict[int, set[int]] = collections.defaultdict(set)
         self._migs: dict[int, _Migration] = {}
         self._pending_in: dict[int, _Migration] = {}     # key group -> migration bringing it
@@ -439,8 +440,8 @@ class Instance:
         """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel."""
         async with self._xlocks[target]:
             self.tables[target] = table
-            if self._eos_sent:
-                return          # end of stream already told the owners: no more records
+            if target in self._eos_sent_to:
+                return          # end of stream already told these owners: no more records
             for ch in self.outputs[target]:
                 await ch.send("marker", time.time(), table.epoch)
 
@@ -479,6 +480,7 @@ class Instance:
             for g in m.incoming:
                 if self._pending_in.get(g) is m:
                     del self._pending_in[g]
+        self._wake.set()        # a finishing owner may have been waiting only for this epoch
 
     def _check_alignment(self) -> None:
         for m in self._migs.values():
@@ -747,6 +749,7 @@ class Instance:
             async with self._xlocks[target]:
                 for ch in chans:
                     await ch.send("eos", time.time(), None)
+                self._eos_sent_to.add(target)
         self._eos_sent = True
         for chans in self.outputs.values():
             for ch in chans:

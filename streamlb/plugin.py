@@ -159,7 +159,8 @@ class BalancerPlugin(SchedulerPlugin):
     def _refuse(self, job: str | None, reason: str) -> None:
         entry = {"time": time.time(), "reason": reason}
         logger.warning("streamlb: %s", reason)
-        (self.jobs[job].refused if job in self.jobs else self.refused).append(entry)
+        known = isinstance(job, str) and job in self.jobs
+        (self.jobs[job].refused if known else self.refused).append(entry)
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
@@ -244,10 +245,14 @@ class BalancerPlugin(SchedulerPlugin):
             task.add_done_callback(j.tasks.discard)
 
     async def _run_plan(self, j: _Job, operator: str, assignment: dict) -> None:
+        op = j.control.operator(operator)
         try:
             await self._migrate(j, operator, assignment, j.migration)
         except Exception as exc:
             self._refuse(j.control.job, f"migration of {operator!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            if not op.lock.locked():
+                op.in_flight = False    # whatever failed, the operator can be planned again
 
     # -- state ------------------------------------------------------------------------------------
     def state(self) -> dict:

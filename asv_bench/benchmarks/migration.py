@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from ._common import cluster, zipf_dataset
 
@@ -19,7 +18,7 @@ MOVE_AT = 11.0                     # seconds into the replay: ~6.6M rows read, ~
 STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
 
 
-def _sampler(dask_worker, stop=None):
+def _sampler(dask_worker):
     import threading
 
     import psutil
@@ -53,7 +52,6 @@ def _run(client, path, strategy):
         time.sleep(MOVE_AT)
         held = len(job.state("n"))
         job.migrate("n", job.routing("n").key_groups_of(0), 1, strategy=strategy)
-        rec = job.history[-1] if strategy != "fluid" else None
         epochs = job.history
         job.wait()
         m = job.metrics()
@@ -75,7 +73,6 @@ def _run(client, path, strategy):
         "first_record_ms": (min(first) - start) * 1e3 if first else float("nan"),
         "migration_s": end - start,
         "epochs": len(epochs),
-        "_rec": rec,
     }
 
 
