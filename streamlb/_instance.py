@@ -137,7 +137,6 @@ class Instance:
         self.upstream_instances = upstream_instances
         self.status = "created"
         self.error: BaseException | None = None
-        self.error_text = ""
         self.started_at = self.finished_at = None
         self.records_in = 0
         self.records_out = 0
@@ -145,7 +144,6 @@ class Instance:
         self._in: dict[int, dict] = collections.defaultdict(dict)
         self._next: dict[int, int] = collections.defaultdict(int)
         self._ready: collections.deque = collections.deque()
-        self._eos = 0
         self._list_out: dict[int, list] = collections.defaultdict(list)
         self._dead: list[dict] = []
         self._writers: dict[str, object] = {}

@@ -228,11 +228,6 @@ class AggregateState:
                 t[slots] = np.maximum(t[slots], vals)
         self.present[slots] = True
 
-    def key_group_counts(self, groups: int) -> np.ndarray:
-        """Keys held per key group."""
-        n = self.index.n
-        return np.bincount(self.index.key_groups[:n][self.present[:n]], minlength=groups)
-
     # -- output ------------------------------------------------------------------------------
     def frame(self, slots: np.ndarray | None = None) -> pd.DataFrame:
         """State as a DataFrame indexed by key; only ``slots`` if given."""
@@ -320,14 +315,6 @@ class StatefulMapState:
 
     def install(self, blob: dict) -> None:
         self.states.update(blob["states"])
-
-    def key_group_counts(self, groups: int) -> np.ndarray:
-        if not self.states:
-            return np.zeros(groups, np.int64)
-        keys = list(self.states)
-        kg = assign_to_key_group(np.array(keys, dtype=object if isinstance(keys[0], str) else None),
-                                 groups, name=self.key_name)
-        return np.bincount(kg, minlength=groups)
 
     def frame(self) -> pd.DataFrame:
         keys = list(self.states)
