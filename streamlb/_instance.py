@@ -91,8 +91,9 @@ class _Migration:
         self.incoming: dict[int, int] = {}     # key group -> old owner
         self.aligned = False
         self.sent: set[int] = set()
-        self.requested: set[int] = set()
         self.installed: set[int] = set()
+        self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
+        self.keys_asked: set = set()           # lazy, new owner: keys asked for, no reply yet
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
 
@@ -125,7 +126,7 @@ class Instance:
     """One parallel instance of a stage."""
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
-                 key_groups: int, window: float, credits: int, lazy_step: int = 8) -> None:
+                 key_groups: int, window: float, credits: int, lazy_step: int = 2) -> None:
         self.stage = stage
         self.index = index
         self.job = job
@@ -144,6 +145,8 @@ class Instance:
         self._in: dict[int, dict] = collections.defaultdict(dict)
         self._next: dict[int, int] = collections.defaultdict(int)
         self._ready: collections.deque = collections.deque()
+        self._ctl: collections.deque = collections.deque()     # state installs: before data, in order
+        self._send_locks: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self._list_out: dict[int, list] = collections.defaultdict(list)
         self._dead: list[dict] = []
         self._writers: dict[str, object] = {}
@@ -365,10 +368,10 @@ class Instance:
 
     async def _process_loop(self) -> None:
         while True:
-            while not self._ready:
+            while not self._ready and not self._ctl:
                 self._wake.clear()
                 await self._wake.wait()
-            sender, kind, emitted, frame, fut = self._ready.popleft()
+            sender, kind, emitted, frame, fut = (self._ctl or self._ready).popleft()
             held = False
             try:
                 if kind == "data":
@@ -378,6 +381,8 @@ class Instance:
                     self._check_alignment()
                 elif kind == "install":
                     await self._install(*frame)
+                elif kind == "install_keys":
+                    await self._install_keys(*frame)
                 elif kind == "eos":
                     self._eos_from.add(sender)
                     self._check_alignment()
@@ -390,20 +395,24 @@ class Instance:
                 if not held and fut is not None and not fut.done():
                     fut.set_result(None)
 
-    async def _apply(self, frame, emitted, fut=None, groups=None) -> bool:
-        """Apply a batch; rows of key groups whose state is still on its way are held back.
+    async def _apply(self, frame, emitted, fut=None, groups=None, release=False) -> bool:
+        """Apply a batch; rows of key groups whose state is still on its way are held back
+        (with ``lazy``, only rows of keys whose state is not here yet). ``release``: rows
+        being let out of the hold.
 
         Returns True when rows were held: the batch's credit returns once they are applied.
         """
         st = self.stage
         held = False
-        if self._pending_in and len(frame) and groups is None:
-            groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
-        if self._pending_in and len(frame):
+        if self._pending_in and len(frame) and not release:
+            if groups is None:
+                groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
             wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
             if wait.any():
+                wait = self._lazy_arrived(frame, groups, wait)
+            if wait.any():
                 self._held.append(_Held(frame[wait], groups[wait], emitted, fut))
-                self._request_lazy(set(np.unique(groups[wait]).tolist()))
+                self._request_keys(frame[wait], groups[wait])
                 frame, groups = frame[~wait], groups[~wait]
                 held = True
                 if not len(frame):
@@ -415,13 +424,17 @@ class Instance:
             frame, bad = self.store.clean(frame)
             if bad:
                 self._dead_letter(st.name, *bad)
-            labels = self.store.update(frame)
-            out = self.store.frame(pd.unique(labels)) if st.children else None
+                groups = None                       # rows went to the dead letters
+            touched = self.store.update(frame, groups)
+            out = self.store.frame(touched) if st.children else None
         elif st.kind == "stateful_map":
             outs = self.store.update(frame)
             out = pd.DataFrame({st.key_name: frame[st.key_name].to_numpy(), "output": outs}) if st.children else None
         else:
             out = frame
+        if st.cost is not None and n:
+            # the emulated cost is the batch's service time: real work done counts towards it
+            await asyncio.sleep(max(self._cost_of(frame, n) - (time.perf_counter() - t1), 0.0))
         applied = time.time()
         if out is not None:
             await self._run_steps(st.children, out, emitted)
@@ -432,6 +445,18 @@ class Instance:
                 m.applied_while_waiting += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
         return held
+
+    def _cost_of(self, frame, n: int) -> float:
+        cost = self.stage.cost
+        if isinstance(cost, float):
+            return cost * n
+        try:
+            return float(np.nansum(pd.to_numeric(frame[cost], errors="coerce").to_numpy(np.float64)))
+        except KeyError:
+            raise PipelineError(
+                f"operator {self.stage.name!r}: cost column {cost!r} is not in the batch; "
+                f"columns are {list(frame.columns)}"
+            ) from None
 
     # -- epoch protocol: routers --------------------------------------------------------------
     async def set_table(self, target: int, table: RoutingTable) -> None:
@@ -471,6 +496,34 @@ class Instance:
             self._pending_in[g] = m
         self._check_alignment()
 
+    def _lazy_arrived(self, frame, groups, wait: np.ndarray) -> np.ndarray:
+        """``wait`` less the rows of lazily moving groups whose key already has its state
+        here (pulled, or started here by an earlier row released after its pull)."""
+        lazy = [g for g, m in self._pending_in.items() if m.strategy == "lazy"]
+        if not lazy:
+            return wait
+        rows = np.flatnonzero(wait & np.isin(groups, np.asarray(lazy, np.int64)))
+        if len(rows):
+            here = self.store.contains(frame[self.stage.key_name].to_numpy()[rows], groups[rows])
+            wait = wait.copy()
+            wait[rows[here]] = False
+        return wait
+
+    def _request_keys(self, frame, groups) -> None:
+        """Lazy: ask the old owners for the state of the keys of held rows, once per key."""
+        keys = frame[self.stage.key_name].to_numpy()
+        ask: dict[tuple, list] = collections.defaultdict(list)
+        for g in np.unique(groups).tolist():
+            m = self._pending_in.get(g)
+            if m is None or m.strategy != "lazy":
+                continue
+            for k in pd.unique(keys[groups == g]).tolist():
+                if k not in m.keys_asked:
+                    m.keys_asked.add(k)
+                    ask[(m.epoch, m.incoming[g])].append(k)
+        for (epoch, src), ks in ask.items():
+            self._spawn(self.siblings[src].call("fetch_keys", epoch, self.index, np.asarray(ks)))
+
     async def abort(self, epoch: int) -> None:
         """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
         m = self._migs.pop(epoch, None)
@@ -487,10 +540,10 @@ class Instance:
             if len(self._marks[m.epoch] | self._eos_from) == self.upstream_instances:
                 # no epoch-(e-1) record of the outgoing groups can arrive any more
                 m.aligned = True
-                first = sorted(m.requested) if m.strategy == "lazy" else sorted(m.outgoing)
-                self._spawn(self._ship(m, first))
                 if m.strategy == "lazy":
                     self._spawn(self._drain_lazy(m))
+                else:
+                    self._spawn(self._ship(m, sorted(m.outgoing)))
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(self._guard(coro))
@@ -498,18 +551,39 @@ class Instance:
         task.add_done_callback(self._mig_tasks.discard)
 
     async def _ship(self, m: "_Migration", groups) -> None:
-        """Cut the state of ``groups`` (those not yet sent) and send it to the new owners."""
-        todo = [g for g in groups if g not in m.sent and g in m.outgoing]
-        if not todo:
-            return
-        m.sent.update(todo)
+        """Cut the state of ``groups`` (those not yet sent) and send it to the new owners.
+
+        Sends to one owner go one at a time, each awaited until installed, so they are
+        installed in the order they were cut."""
         by_dest: dict[int, list[int]] = collections.defaultdict(list)
-        for g in todo:
-            by_dest[m.outgoing[g]].append(g)
+        for g in groups:
+            if g in m.outgoing:
+                by_dest[m.outgoing[g]].append(g)
         for dest, gs in by_dest.items():
-            blob = self.store.cut(gs)
-            await self.siblings[dest].call("install_state", m.epoch, gs, blob)
+            async with self._send_locks[dest]:
+                gs = [g for g in gs if g not in m.sent]
+                if gs:
+                    m.sent.update(gs)
+                    await self.siblings[dest].call("install_state", m.epoch, gs, self.store.cut(gs))
         self._maybe_done(m)
+
+    async def fetch_keys(self, epoch: int, dest: int, keys) -> None:
+        """Lazy: new owner ``dest`` asks for the state of ``keys`` (of groups moving to it)."""
+        m = self._migs.get(epoch)
+        if m is None:
+            return
+        if not m.aligned:
+            m.key_requests.append((dest, keys))     # served first at alignment
+            return
+        await self._ship_keys(m, dest, keys)
+
+    async def _ship_keys(self, m: "_Migration", dest: int, keys) -> None:
+        keys = np.asarray(keys)
+        async with self._send_locks[dest]:
+            groups = assign_to_key_group(keys, self.key_groups, name=self.stage.key_name)
+            mine = np.fromiter((g in m.outgoing and g not in m.sent for g in groups.tolist()), bool, len(keys))
+            blob = self.store.cut_keys(keys[mine], groups[mine])
+            await self.siblings[dest].call("install_keys", m.epoch, keys, blob)
 
     def _maybe_done(self, m: "_Migration") -> None:
         # an owner may give and take key groups in the same epoch: both sides must be through
@@ -517,35 +591,40 @@ class Instance:
             self._done_epochs.add(m.epoch)
 
     async def _drain_lazy(self, m: "_Migration") -> None:
+        """Lazy, old owner: serve the keys asked for before alignment, then move the rest
+        of the groups ``lazy-step`` at a time (key requests get in between chunks)."""
+        requests, m.key_requests = m.key_requests, []
+        for dest, keys in requests:
+            await self._ship_keys(m, dest, keys)
         step = max(1, int(self._lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
         for i in range(0, len(rest), step):
             await asyncio.sleep(0)          # let data and requests in between chunks
             await self._ship(m, rest[i:i + step])
 
-    async def fetch(self, epoch: int, groups: list[int]) -> None:
-        """Lazy strategy: the new owner asks for these groups' state first."""
-        m = self._migs.get(epoch)
-        if m is None:
-            return
-        m.requested.update(groups)
-        if m.aligned:
-            await self._ship(m, groups)
-
-    def _request_lazy(self, groups: set[int]) -> None:
-        by_src: dict[tuple, list[int]] = collections.defaultdict(list)
-        for g in groups:
-            m = self._pending_in.get(g)
-            if m is not None and m.strategy == "lazy" and g not in m.requested:
-                m.requested.add(g)
-                by_src[(m.epoch, m.incoming[g])].append(g)
-        for (epoch, src), gs in by_src.items():
-            self._spawn(self.siblings[src].call("fetch", epoch, gs))
+    async def _control(self, kind: str, args) -> None:
+        """Queue a state install ahead of the data (installs keep their order) and return
+        once it is applied."""
+        fut = asyncio.get_running_loop().create_future()
+        self._ctl.append((None, kind, 0.0, args, fut))
+        self._wake.set()
+        await fut
 
     async def install_state(self, epoch: int, groups: list[int], blob) -> None:
-        """State arriving from the old owner: applied in order with the data."""
-        self._ready.appendleft((None, "install", 0.0, (epoch, groups, blob), None))
-        self._wake.set()
+        """State of whole key groups arriving from the old owner."""
+        await self._control("install", (epoch, groups, blob))
+
+    async def install_keys(self, epoch: int, keys, blob) -> None:
+        """Lazy: the state of single keys this owner asked for (absent keys had none)."""
+        await self._control("install_keys", (epoch, keys, blob))
+
+    async def _install_keys(self, epoch: int, keys, blob) -> None:
+        self.store.install(blob)
+        m = self._migs.get(epoch)
+        if m is not None:
+            m.keys_asked.difference_update(np.asarray(keys).tolist())
+        asked = pd.Index(keys)
+        await self._release(m, lambda h: h.frame[self.stage.key_name].isin(asked).to_numpy())
 
     async def _install(self, epoch: int, groups: list[int], blob) -> None:
         self.store.install(blob)
@@ -555,12 +634,18 @@ class Instance:
         m = self._migs[epoch]
         m.installed.update(groups)
         self._maybe_done(m)
+        arrived = np.fromiter(got, np.int64, len(got))
+        await self._release(m, lambda h: np.isin(h.groups, arrived))
+
+    async def _release(self, m: "_Migration | None", which) -> None:
+        """Apply the held rows ``which(held)`` selects, in arrival order (per-key order holds);
+        a batch's credit returns once none of its rows is held."""
         keep = []
-        for h in self._held:            # in arrival order: per-key order holds
-            mask = np.isin(h.groups, np.fromiter(got, np.int64, len(got)))
+        for h in self._held:
+            mask = which(h)
             if mask.any():
-                await self._apply(h.frame[mask], h.emitted, None, h.groups[mask])
-                if m.first_applied is None:
+                await self._apply(h.frame[mask], h.emitted, None, h.groups[mask], release=True)
+                if m is not None and m.first_applied is None:
                     m.first_applied = time.time()
                 h.frame, h.groups = h.frame[~mask], h.groups[~mask]
             if len(h.frame):
@@ -830,6 +915,9 @@ class Instance:
 
     def metrics(self) -> list[dict]:
         return list(self._rows)
+
+    def state_size(self) -> int:
+        return len(self.store) if self.store is not None else 0
 
     def state(self) -> pd.DataFrame:
         if self.store is None:

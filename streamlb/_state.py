@@ -19,30 +19,49 @@ def _grow(arr: np.ndarray, n: int, fill) -> np.ndarray:
 
 
 class _KeyIndex:
-    """Stable dense slots for keys, grown incrementally (one hash table for the lifetime).
+    """Stable dense slots for keys, grown incrementally (one hash table per shard).
 
     Each batch is labelled against the table with a fresh vector for its new keys, so the
     cost is O(batch) whatever the number of keys held (pandas' Factorizer copies all its
     keys on every call).
     """
 
-    def __init__(self, key_groups: int, key_name: str) -> None:
-        self.groups = key_groups
-        self.key_name = key_name
+    def __init__(self, dtype=None, size: int = 1024) -> None:
         self._table = None
         self.keys: np.ndarray | None = None
         self.key_groups = np.zeros(0, dtype=np.int64)
         self.n = 0
+        if dtype is not None:
+            self._make(np.dtype(dtype), max(size, 1024))
 
-    def slots(self, keys: np.ndarray) -> np.ndarray:
+    def _make(self, dtype: np.dtype, size: int) -> None:
+        if dtype.kind in "iu" and dtype != np.uint64:
+            self._table, self._vector, self._dtype = _ht.Int64HashTable(size), _ht.Int64Vector, np.int64
+        elif dtype == np.uint64:
+            self._table, self._vector, self._dtype = _ht.UInt64HashTable(size), _ht.UInt64Vector, np.uint64
+        else:
+            self._table, self._vector, self._dtype = _ht.PyObjectHashTable(size), _ht.ObjectVector, object
+        self.keys = np.empty(0, dtype=self._dtype)
+
+    @property
+    def dtype(self):
+        return None if self._table is None else self._dtype
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Slot of each key, -1 where the key has none."""
+        if self._table is None or not len(keys):
+            return np.full(len(keys), -1, np.int64)
+        try:
+            keys = np.require(keys, dtype=self._dtype, requirements=["C", "A"])
+        except (TypeError, ValueError, OverflowError):
+            return np.full(len(keys), -1, np.int64)     # keys of another type are not here
+        return np.asarray(self._table.lookup(keys), dtype=np.int64)
+
+    def slots(self, keys: np.ndarray, groups: np.ndarray | None, n_groups: int, key_name: str) -> np.ndarray:
+        """Slots of ``keys`` (whose key groups are ``groups``, computed for new keys if
+        None), new keys appended."""
         if self._table is None:
-            if keys.dtype.kind in "iu" and keys.dtype != np.uint64:
-                self._table, self._vector, self._dtype = _ht.Int64HashTable(1024), _ht.Int64Vector, np.int64
-            elif keys.dtype == np.uint64:
-                self._table, self._vector, self._dtype = _ht.UInt64HashTable(1024), _ht.UInt64Vector, np.uint64
-            else:
-                self._table, self._vector, self._dtype = _ht.PyObjectHashTable(1024), _ht.ObjectVector, object
-            self.keys = np.empty(0, dtype=self._dtype)
+            self._make(keys.dtype, max(1024, len(keys)))
         keys = np.require(keys, dtype=self._dtype, requirements=["C", "A"])
         old = self.n
         fresh = self._vector()
@@ -53,47 +72,54 @@ class _KeyIndex:
             self.keys = _grow(self.keys, n, 0 if self._dtype is not object else None)
             self.key_groups = _grow(self.key_groups, n, -1)
             self.keys[old:n] = added
-            self.key_groups[old:n] = assign_to_key_group(added, self.groups, name=self.key_name)
+            if groups is None:
+                self.key_groups[old:n] = assign_to_key_group(added, n_groups, name=key_name)
+            else:
+                new_rows = labels >= old
+                self.key_groups[labels[new_rows]] = groups[new_rows]
             self.n = n
         return labels
 
 
 def _add_float(target: np.ndarray, labels: np.ndarray, values: np.ndarray, n: int) -> None:
-    """``target[labels] += values`` with repeats summed, in O(len(labels)).
+    """``target[labels] += values`` with repeats summed, in order.
 
-    Float ``ufunc.at`` runs ~30x slower than ``bincount`` on skewed labels, and a bincount
-    over all ``n`` slots costs O(state) per batch; so count over the batch's own slots.
+    A bincount over the ``n`` slots in use is cheapest while they are few against the
+    batch; past that, ``ufunc.at`` (fast in numpy 2) keeps the cost O(batch), not O(state).
     """
-    if n <= 4 * len(labels):
+    if n <= 8 * len(labels):
         target[:n] += np.bincount(labels, weights=values, minlength=n)
-        return
-    local, slots = pd.factorize(labels, sort=False)
-    target[slots] += np.bincount(local, weights=values, minlength=len(slots))
+    else:
+        np.add.at(target, labels, values)
+
+
+# Aggregate state lives in shards, each holding a range of key groups. A shard that grows
+# past SHARD_KEYS keys splits in two, so a migration cuts, compacts and installs pieces of
+# bounded size, and no single step (a hash table rehash, a scan for the moving groups)
+# stalls the event loop for O(all state). Small states keep one shard: no partition cost.
+SHARD_KEYS = 1 << 17
 
 
 class AggregateState:
     """count / sum / min / max / mean per key, updated with vectorised numpy.
 
-    Keys get dense slots for the operator's lifetime; a key whose state moved away keeps its
-    slot, reset to the identity of every aggregate and marked absent, so moving it back
-    reuses it.
+    Keys live in shards by key group; within a shard they get dense slots. A key whose
+    state moved away is dropped from its shard (the shard is compacted once half of
+    its slots are dead), so memory follows the keys held.
     """
 
     def __init__(self, operator: str, spec: dict, key_name: str, key_groups: int) -> None:
         self.operator = operator
         self.spec = spec
         self.key_name = key_name
-        self.index = _KeyIndex(key_groups, key_name)
-        self.present = np.zeros(0, bool)
+        self.groups = key_groups
         self.inputs = sorted({c for c, _ in spec.values()})
         self.hows = {c: {h for cc, h in spec.values() if cc == c} for c in self.inputs}
-        self.cnt: dict[str, np.ndarray] = {}
-        self.sum: dict[str, np.ndarray] = {}
-        self.min: dict[str, np.ndarray] = {}
-        self.max: dict[str, np.ndarray] = {}
         self.dtypes: dict[str, np.dtype] = {}
+        self.shards = [_AggShard(self, 0, key_groups)]
+        self._shard_of = np.zeros(key_groups, np.uint16)    # key group -> shard
 
-    # -- layout ------------------------------------------------------------------------------
+    # -- data -------------------------------------------------------------------------------
     def _column(self, frame: pd.DataFrame, c: str) -> np.ndarray:
         if c not in frame.columns:
             raise SchemaError(
@@ -110,36 +136,6 @@ class AggregateState:
             )
         return arr
 
-    def _identity(self, table: str, dt: np.dtype):
-        if table == "min":
-            return np.inf if dt.kind == "f" else np.iinfo(dt).max
-        if table == "max":
-            return -np.inf if dt.kind == "f" else np.iinfo(dt).min
-        return 0
-
-    def _tables(self, c: str):
-        yield "cnt", self.cnt
-        if self.hows[c] & {"sum", "mean"}:
-            yield "sum", self.sum
-        if "min" in self.hows[c]:
-            yield "min", self.min
-        if "max" in self.hows[c]:
-            yield "max", self.max
-
-    def _init(self, c: str, kind: str) -> None:
-        dt = np.dtype(np.int64) if kind in "iub" else np.dtype(np.float64)
-        self.dtypes[c] = dt
-        for name, table in self._tables(c):
-            table[c] = np.zeros(0, np.int64 if name == "cnt" else dt)
-
-    def _grow_all(self) -> None:
-        n = self.index.n
-        self.present = _grow(self.present, n, False)
-        for c, dt in self.dtypes.items():
-            for name, table in self._tables(c):
-                table[c] = _grow(table[c], n, self._identity(name, dt))
-
-    # -- data -------------------------------------------------------------------------------
     def clean(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple | None]:
         """Split off rows whose value in a column that must be numeric is not a number.
 
@@ -162,18 +158,156 @@ class AggregateState:
             return frame, None
         return frame[~bad], (original[bad], [reasons[i] for i in sorted(reasons)])
 
-    def update(self, frame: pd.DataFrame) -> np.ndarray:
-        """Apply one batch; return the slots it touched (labels per row)."""
+    def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
+        """Apply one batch; return what it touched, for :meth:`frame`."""
         cols = {c: self._column(frame, c) for c in self.inputs}
         for c, arr in cols.items():
             if c not in self.dtypes:
-                self._init(c, arr.dtype.kind)
-        labels = self.index.slots(frame[self.key_name].to_numpy())
+                self.dtypes[c] = np.dtype(np.int64) if arr.dtype.kind in "iub" else np.dtype(np.float64)
+        keys = frame[self.key_name].to_numpy()
+        if len(self.shards) > 1 and groups is None:
+            groups = assign_to_key_group(keys, self.groups, name=self.key_name)
+        if len(self.shards) == 1:
+            sh = self.shards[0]
+            touched = [(sh, sh.update(keys, groups, cols))]
+        else:
+            shard = self._shard_of[groups]
+            order = np.argsort(shard, kind="stable")     # radix sort; per-key order kept
+            bounds = np.concatenate(([0], np.cumsum(np.bincount(shard, minlength=len(self.shards))))).tolist()
+            keys, groups = keys[order], groups[order]     # gathered once: each shard takes a slice
+            cols = {c: arr[order] for c, arr in cols.items()}
+            touched = []
+            for sh, a, b in zip(self.shards, bounds, bounds[1:]):
+                if a < b:
+                    touched.append((sh, sh.update(keys[a:b], groups[a:b], {c: v[a:b] for c, v in cols.items()})))
+        self._split_large([sh for sh, _ in touched])
+        return touched
+
+    def _split_large(self, shards, every: bool = False) -> None:
+        """Split the largest of ``shards`` over SHARD_KEYS keys (all of them if ``every``).
+
+        Shards filled by the same key distribution cross the size at the same batch; one
+        split per batch spreads their cost over the next batches.
+        """
+        big = [sh for sh in shards if sh.index.n > SHARD_KEYS and sh.hi - sh.lo > 1]
+        if not big:
+            return
+        for sh in big if every else [max(big, key=lambda s: s.index.n)]:
+            i = self.shards.index(sh)
+            self.shards[i:i + 1] = sh.split(max(2, -(-2 * sh.live // SHARD_KEYS)))
+        for j, sh in enumerate(self.shards):
+            self._shard_of[sh.lo:sh.hi] = j
+
+    # -- migration ---------------------------------------------------------------------------
+    def cut(self, groups) -> dict:
+        """Take the state of ``groups`` out: a picklable blob for :meth:`install`."""
+        groups = np.unique(np.asarray(list(groups), np.int64))
+        at = self._shard_of[groups]
+        parts = [self.shards[s].cut(groups[at == s]) for s in np.unique(at).tolist()]
+        return {"dtypes": dict(self.dtypes), "parts": [p for p in parts if len(p["keys"])]}
+
+    def _by_shard(self, keys: np.ndarray, groups: np.ndarray | None):
+        keys = np.asarray(keys)
+        if groups is None:
+            groups = assign_to_key_group(keys, self.groups, name=self.key_name)
+        at = self._shard_of[groups]
+        for s in np.unique(at).tolist():
+            rows = np.flatnonzero(at == s)
+            yield self.shards[s], rows, keys[rows]
+
+    def cut_keys(self, keys: np.ndarray, groups: np.ndarray | None = None) -> dict:
+        """Take the state of single keys out (those held here), for :meth:`install`."""
+        parts = [sh.take(sh.held_slots(k)) for sh, _, k in self._by_shard(keys, groups)]
+        return {"dtypes": dict(self.dtypes), "parts": [p for p in parts if len(p["keys"])]}
+
+    def contains(self, keys: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+        """Whether each key has state here."""
+        out = np.zeros(len(keys), bool)
+        for sh, rows, k in self._by_shard(keys, groups):
+            slots = sh.index.lookup(k)
+            ok = slots >= 0
+            ok[ok] = sh.present[slots[ok]]
+            out[rows] = ok
+        return out
+
+    def install(self, blob: dict) -> None:
+        """Merge state cut from another instance (its keys are absent here)."""
+        for c, dt in blob["dtypes"].items():
+            self.dtypes.setdefault(c, dt)
+        for part in blob["parts"]:
+            at = self._shard_of[part["key_groups"]]
+            for s in np.unique(at).tolist():
+                sel = at == s
+                self.shards[s]._put(part["keys"][sel], part["key_groups"][sel],
+                                    {k: v[sel] for k, v in part["tables"].items()})
+        self._split_large(list(self.shards), every=True)
+
+    # -- output ------------------------------------------------------------------------------
+    def frame(self, touched: list | None = None) -> pd.DataFrame:
+        """State as a DataFrame indexed by key; only the keys a batch touched if given."""
+        if touched is None:
+            parts = [sh.frame() for sh in self.shards if sh.index.n]
+        else:
+            parts = [sh.frame(pd.unique(labels)) for sh, labels in touched]
+        if not parts:
+            return self.shards[0].frame()
+        return parts[0] if len(parts) == 1 else pd.concat(parts)
+
+    def __len__(self) -> int:
+        return sum(int(sh.live) for sh in self.shards)
+
+
+class _AggShard:
+    """The state of the keys of some key groups: a key index and one array per aggregate."""
+
+    def __init__(self, owner: AggregateState, lo: int, hi: int) -> None:
+        self.o = owner
+        self.lo, self.hi = lo, hi                       # key groups lo..hi-1
+        self.index = _KeyIndex()
+        self.present = np.zeros(0, bool)
+        self.cnt: dict[str, np.ndarray] = {}
+        self.sum: dict[str, np.ndarray] = {}
+        self.min: dict[str, np.ndarray] = {}
+        self.max: dict[str, np.ndarray] = {}
+
+    @property
+    def live(self) -> int:
+        return int(self.present[: self.index.n].sum())
+
+    def _identity(self, table: str, dt: np.dtype):
+        if table == "min":
+            return np.inf if dt.kind == "f" else np.iinfo(dt).max
+        if table == "max":
+            return -np.inf if dt.kind == "f" else np.iinfo(dt).min
+        return 0
+
+    def _tables(self, c: str):
+        hows = self.o.hows[c]
+        yield "cnt", self.cnt
+        if hows & {"sum", "mean"}:
+            yield "sum", self.sum
+        if "min" in hows:
+            yield "min", self.min
+        if "max" in hows:
+            yield "max", self.max
+
+    def _layout(self) -> None:
+        """Arrays for every column known to the operator, grown to the slots in use."""
         n = self.index.n
-        self._grow_all()
+        self.present = _grow(self.present, n, False)
+        for c, dt in self.o.dtypes.items():
+            for name, table in self._tables(c):
+                if c not in table:
+                    table[c] = np.full(len(self.present), self._identity(name, dt),
+                                       np.int64 if name == "cnt" else dt)
+                table[c] = _grow(table[c], n, self._identity(name, dt))
+
+    def update(self, keys: np.ndarray, groups: np.ndarray, cols: dict) -> np.ndarray:
+        labels = self.index.slots(keys, groups, self.o.groups, self.o.key_name)
+        self._layout()
         self.present[labels] = True
         for c, arr in cols.items():
-            dt = self.dtypes[c]
+            dt = self.o.dtypes[c]
             if arr.dtype.kind == "f":
                 valid = ~np.isnan(arr)
                 lab, vals = (labels, arr) if valid.all() else (labels[valid], arr[valid])
@@ -186,7 +320,7 @@ class AggregateState:
                 continue
             if c in self.sum:
                 if dt.kind == "f":
-                    _add_float(self.sum[c], lab, vals, n)
+                    _add_float(self.sum[c], lab, vals, self.index.n)
                 else:
                     np.add.at(self.sum[c], lab, vals)   # int64 stays exact
             if c in self.min:
@@ -195,30 +329,51 @@ class AggregateState:
                 np.maximum.at(self.max[c], lab, vals)
         return labels
 
-    # -- migration ---------------------------------------------------------------------------
+    def _rows(self, sel: np.ndarray) -> dict:
+        return {(name, c): table[c][sel].copy()
+                for c in self.o.dtypes for name, table in self._tables(c) if c in table}
+
     def cut(self, groups) -> dict:
-        """Take the state of ``groups`` out: a picklable blob for :meth:`install`."""
         n = self.index.n
-        sel = np.flatnonzero(self.present[:n] & np.isin(self.index.key_groups[:n], np.asarray(list(groups))))
+        moving = self.present[:n] & np.isin(self.index.key_groups[:n], np.asarray(groups, np.int64))
+        return self.take(np.flatnonzero(moving))
+
+    def held_slots(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of those of ``keys`` that have state here."""
+        slots = self.index.lookup(keys)
+        slots = slots[slots >= 0]
+        return np.unique(slots[self.present[slots]])
+
+    def take(self, sel: np.ndarray) -> dict:
+        """Cut the keys in slots ``sel`` out: their rows, as a blob part."""
+        n = self.index.n
         blob = {"keys": self.index.keys[sel].copy() if n else np.empty(0, np.int64),
-                "dtypes": dict(self.dtypes), "tables": {}}
-        for c, dt in self.dtypes.items():
-            for name, table in self._tables(c):
-                blob["tables"][(name, c)] = table[c][sel].copy()
-                table[c][sel] = self._identity(name, dt)
-        self.present[sel] = False
+                "key_groups": self.index.key_groups[sel].copy(), "tables": self._rows(sel)}
+        if len(sel):
+            self.present[sel] = False
+            if self.live < 0.5 * n:
+                self._compact()
+            else:
+                for c, dt in self.o.dtypes.items():
+                    for name, table in self._tables(c):
+                        table[c][sel] = self._identity(name, dt)
         return blob
 
-    def install(self, blob: dict) -> None:
-        """Merge state cut from another instance (its keys are absent here)."""
-        if not len(blob["keys"]):
-            return
-        for c, dt in blob["dtypes"].items():
-            if c not in self.dtypes:
-                self._init(c, dt.kind)
-        slots = self.index.slots(blob["keys"])
-        self._grow_all()
-        for (name, c), vals in blob["tables"].items():
+    def _compact(self) -> None:
+        """Rebuild the shard with only its live keys: a fresh table and arrays, in slot order."""
+        n = self.index.n
+        keep = np.flatnonzero(self.present[:n])
+        keys, kg, rows = self.index.keys[keep], self.index.key_groups[keep], self._rows(keep)
+        self.index = _KeyIndex(self.index.dtype, 2 * len(keep))
+        self.present = np.zeros(0, bool)
+        self.cnt, self.sum, self.min, self.max = {}, {}, {}, {}
+        if len(keep):
+            self._put(keys, kg, rows)
+
+    def _put(self, keys: np.ndarray, key_groups: np.ndarray, tables: dict) -> np.ndarray:
+        slots = self.index.slots(keys, key_groups, self.o.groups, self.o.key_name)
+        self._layout()
+        for (name, c), vals in tables.items():
             t = getattr(self, name)[c]
             if name in ("cnt", "sum"):
                 t[slots] += vals
@@ -227,16 +382,37 @@ class AggregateState:
             else:
                 t[slots] = np.maximum(t[slots], vals)
         self.present[slots] = True
+        return slots
 
-    # -- output ------------------------------------------------------------------------------
+    def split(self, parts: int = 2) -> list["_AggShard"]:
+        """Up to ``parts`` shards with about equal shares of this one's live keys, cut at
+        key-group boundaries, each table sized for twice its keys (no rehash until the
+        next split)."""
+        n = self.index.n
+        keep = np.flatnonzero(self.present[:n])
+        kg = self.index.key_groups[keep]
+        cum = np.cumsum(np.bincount(kg - self.lo, minlength=self.hi - self.lo))
+        cuts = self.lo + 1 + np.searchsorted(cum, len(keep) * np.arange(1, parts) / parts)
+        edges = np.unique(np.clip(np.concatenate(([self.lo], cuts, [self.hi])), self.lo, self.hi))
+        rows = self._rows(keep)
+        which = np.searchsorted(edges, kg, side="right") - 1
+        out = []
+        for i, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
+            sel = which == i
+            sh = _AggShard(self.o, lo, hi)
+            sh.index = _KeyIndex(self.index.dtype, 2 * int(sel.sum()))
+            if sel.any():
+                sh._put(self.index.keys[keep[sel]], kg[sel], {k: v[sel] for k, v in rows.items()})
+            out.append(sh)
+        return out
+
     def frame(self, slots: np.ndarray | None = None) -> pd.DataFrame:
-        """State as a DataFrame indexed by key; only ``slots`` if given."""
         n = self.index.n
         sel = np.flatnonzero(self.present[:n]) if slots is None else slots
         keys = self.index.keys[sel] if self.index.keys is not None else np.empty(0, np.int64)
         out = {}
-        for name, (c, how) in self.spec.items():
-            if c not in self.dtypes:
+        for name, (c, how) in self.o.spec.items():
+            if c not in self.o.dtypes or c not in self.cnt:
                 out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
                 continue
             cnt = self.cnt[c][sel]
@@ -250,7 +426,7 @@ class AggregateState:
             else:
                 v = getattr(self, how)[c][sel]
                 out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v
-        return pd.DataFrame(out, index=pd.Index(keys, name=self.key_name))
+        return pd.DataFrame(out, index=pd.Index(keys, name=self.o.key_name))
 
 
 def _py_values(col: pd.Series) -> list:
@@ -313,8 +489,19 @@ class StatefulMapState:
                 out[k] = self.states.pop(k)
         return {"states": out}
 
+    def cut_keys(self, keys, groups=None) -> dict:
+        states = self.states
+        return {"states": {k: states.pop(k) for k in np.asarray(keys).tolist() if k in states}}
+
+    def contains(self, keys, groups=None) -> np.ndarray:
+        states = self.states
+        return np.fromiter((k in states for k in np.asarray(keys).tolist()), bool, len(keys))
+
     def install(self, blob: dict) -> None:
         self.states.update(blob["states"])
+
+    def __len__(self) -> int:
+        return len(self.states)
 
     def frame(self) -> pd.DataFrame:
         keys = list(self.states)

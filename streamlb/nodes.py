@@ -29,6 +29,19 @@ def _check_name(name: str | None, what: str) -> None:
         raise PipelineError(f"{what}: name must be a non-empty string, got {name!r}")
 
 
+def _check_cost(cost, what: str):
+    """``cost``: emulated service time, seconds per record (a number) or the name of a column
+    holding each record's seconds."""
+    if cost is None or isinstance(cost, str) and cost:
+        return cost
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0:
+        return float(cost)
+    raise PipelineError(
+        f"{what}: cost must be None, a number of seconds per record >= 0, or the name of a "
+        f"column of seconds per record, got {cost!r}"
+    )
+
+
 def _keep_alive(node: Stream) -> None:
     """Let the sources hold ``node``: streamz links downstream nodes only weakly, and an
     aggregate is often the end of a pipeline with no sink to keep it."""
@@ -151,12 +164,17 @@ class aggregate(_Described):
         Instances (default: setting ``streamlb.parallelism``, else one per worker).
     name : str, optional
         Operator name for ``Job.state(name)`` and metrics (default ``"aggregate"``).
+    cost : float or str, optional
+        Emulated service time per record, for benchmarks and capacity planning: seconds per
+        record, or the name of a column holding each record's seconds. After applying a
+        batch, the instance waits for the batch's total without blocking its worker, as an
+        instance of fixed capacity would (see docs/runtime.md).
 
     Emits, per batch applied, a DataFrame indexed by key with the current value of every
     aggregate for the keys that batch touched (an update stream).
     """
 
-    def __init__(self, upstream, spec, parallelism=None, name=None, **kwargs):
+    def __init__(self, upstream, spec, parallelism=None, name=None, cost=None, **kwargs):
         what = f"aggregate {name!r}" if name else "aggregate"
         if not isinstance(spec, Mapping) or not spec:
             raise PipelineError(
@@ -177,6 +195,7 @@ class aggregate(_Described):
             clean[str(out)] = (item[0], item[1])
         _check_parallelism(parallelism, what)
         _check_name(name, "aggregate")
+        self.cost = _check_cost(cost, what)
         self.spec = clean
         self.parallelism = parallelism
         self.op_name = name
@@ -190,13 +209,15 @@ class stateful_map(_Described):
     ``func(state, record) -> (state, output)``; ``state`` is None for a key's first record and
     ``record`` is a dict of column name to value. State must be picklable. Emits a DataFrame
     with the key column and an ``output`` column, one row per record, in per-key order.
+    ``cost`` emulates a service time per record, as for :class:`aggregate`.
     """
 
-    def __init__(self, upstream, func, parallelism=None, name=None, **kwargs):
+    def __init__(self, upstream, func, parallelism=None, name=None, cost=None, **kwargs):
         if not callable(func):
             raise PipelineError(f"stateful_map: func must be callable, got {func!r}")
         _check_parallelism(parallelism, "stateful_map")
         _check_name(name, "stateful_map")
+        self.cost = _check_cost(cost, "stateful_map")
         self.func = func
         self.parallelism = parallelism
         self.op_name = name
@@ -205,10 +226,15 @@ class stateful_map(_Described):
 
 @Stream.register_api()
 class rebalance(_Described):
-    """Round-robin exchange: batches go to the next stage's instances in turn."""
+    """Round-robin exchange: batches go to the next stage's instances in turn.
 
-    def __init__(self, upstream, parallelism=None, **kwargs):
+    ``cost`` emulates a service time per record in the stage after the exchange, as for
+    :class:`aggregate`.
+    """
+
+    def __init__(self, upstream, parallelism=None, cost=None, **kwargs):
         _check_parallelism(parallelism, "rebalance")
+        self.cost = _check_cost(cost, "rebalance")
         self.parallelism = parallelism
         super().__init__(upstream, **kwargs)
 

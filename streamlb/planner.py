@@ -59,6 +59,7 @@ class Stage:
     total_rows: int = 0
     event_time: str | None = None                   # parquet_source: column to merge files by
     time_range: tuple | None = None                 # (min, max) of event_time, float seconds
+    cost: float | str | None = None                 # emulated seconds per record, or its column
     children: list = field(default_factory=list)
 
     @property
@@ -253,7 +254,7 @@ class _Planner:
             st = self.new_stage(
                 name=self.unique_name(None, "rebalance"), kind="rebalance",
                 parallelism=self.default_parallelism(n.parallelism), upstream=stage.id,
-                exchange="round_robin",
+                exchange="round_robin", cost=n.cost,
             )
             st.children = self.children(n, st)
             return Step("exchange", target=st.id)
@@ -295,7 +296,7 @@ class _Planner:
         st = self.new_stage(
             name=name, kind=kind, parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
             upstream=stage.id, exchange="keyed", key=key, key_name=kb.key_name,
-            spec=getattr(op, "spec", {}), func=func,
+            spec=getattr(op, "spec", {}), func=func, cost=op.cost,
         )
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)
@@ -327,16 +328,18 @@ def _check_columns(plan: Plan) -> None:
             if step.kind != "exchange":
                 continue
             st = by_id[step.target]
+            cost = [st.cost] if isinstance(st.cost, str) else []
             if st.exchange != "keyed":
-                continue
-            needed = ([st.key] if isinstance(st.key, str) else []) + [c for c, _ in st.spec.values()]
+                needed = cost
+            else:
+                needed = ([st.key] if isinstance(st.key, str) else []) + [c for c, _ in st.spec.values()] + cost
             for c in needed:
                 if c not in cols:
                     raise SchemaError(
                         f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}; "
                         f"columns there: {', '.join(cols)}"
                     )
-            if isinstance(st.key, str):
+            if st.exchange == "keyed" and isinstance(st.key, str):
                 t = cols[st.key]
                 import pyarrow.types as pt
 
@@ -379,4 +382,5 @@ def _project(plan: Plan) -> None:
             import pyarrow.parquet as pq
 
             needed |= {src.event_time} - {None}
+            needed |= {t.cost for t in targets if isinstance(t.cost, str)}
             src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]

@@ -426,6 +426,13 @@ class Job:
         parts = [f.result() for f in [a.state() for a in actors]]
         return pd.concat(parts).sort_index()
 
+    def state_size(self, operator: str) -> dict[int, int]:
+        """Keys held by each instance of ``operator`` (cheap: no state is copied)."""
+        st, actors = self._stage_actors(operator)
+        if st.kind not in ("aggregate", "stateful_map"):
+            raise PipelineError(f"operator {operator!r} is a {st.kind} and holds no keyed state")
+        return {i: f.result() for i, f in enumerate([a.state_size() for a in actors])}
+
     def metrics(self) -> pd.DataFrame:
         """One row per instance per load window (see ``METRIC_COLUMNS``)."""
         rows = [r for f in [a.metrics() for a in self.actors.values()] for r in f.result()]

@@ -29,6 +29,13 @@ def test_missing_column_is_named_before_the_job_starts(client, small_parquet):
         streamlb.run(src, client=client)
 
 
+def test_missing_cost_column_is_named_before_the_job_starts(client, small_parquet):
+    src = Stream.from_parquet(small_parquet)
+    src.rebalance(cost="seconds").sink(print)
+    with pytest.raises(SchemaError, match=r"'rebalance' needs column 'seconds'.*columns there: key, value, price"):
+        streamlb.run(src, client=client)
+
+
 def test_missing_key_column_at_run_time_is_named(client):
     src = Stream.from_iterable([{"k": 1, "v": 2}])
     src.map(lambda df: df.rename(columns={"k": "kk"})).key_by("k").aggregate({"n": ("v", "count")}, name="agg")
@@ -112,6 +119,9 @@ def test_bad_specs_list_what_is_valid():
         src = Stream.from_iterable([])
         src.aggregate({"n": ("v", "count")}, name="x")
         streamlb.planner.plan(src, workers=1, key_groups=16, batch_size=10)
+    with pytest.raises(PipelineError, match=r"aggregate: cost must be None, a number of seconds per record >= 0, "
+                                            r"or the name of a column of seconds per record, got -1"):
+        src.key_by("k").aggregate({"n": ("v", "count")}, cost=-1)
     with pytest.raises(PipelineError, match="item 0 is a int"):
         s2 = Stream.from_iterable([1, 2])
         s2.key_by("k").aggregate({"n": ("v", "count")})

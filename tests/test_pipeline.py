@@ -132,3 +132,25 @@ def test_event_time_replay_keeps_event_time_order_across_files(client, zipf_path
     # a slice holds about batch_size rows per instance: with 300k rows over 300 s of event
     # time, one slice spans well under a few seconds of event time
     assert max(hi - lo for lo, hi in spans) < pd.Timedelta("15s")
+
+
+def test_emulated_cost_keeps_results_and_shows_as_busy_time(client):
+    """``cost=`` (seconds per record, or a column of them) makes each instance spend that
+    service time without changing any result."""
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"key": rng.integers(0, 50, 2000), "value": rng.integers(0, 100, 2000).astype(float),
+                       "secs": rng.uniform(0, 2e-4, 2000)})
+    src = Stream.from_iterable(df.to_dict("records"))
+    src.key_by("key").aggregate({"n": ("value", "count"), "s": ("value", "sum")}, name="agg", cost=1e-4)
+    out = []
+    src.rebalance(cost="secs").sink(out.append)
+    with streamlb.run(src, client=client, batch_size=250) as job:
+        job.wait(timeout=120)
+        got = job.state("agg")
+        m = job.metrics()
+    want = df.groupby("key").agg(n=("value", "count"), s=("value", "sum"))
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert sum(len(b) for b in out) == len(df)
+    busy = m.groupby("operator").busy_seconds.sum()
+    assert busy["agg"] >= 0.99 * 1e-4 * len(df)          # sleeps never end early
+    assert busy["rebalance"] >= 0.99 * df.secs.sum()

@@ -1,10 +1,13 @@
 """The state stores against pandas, batch by batch, with no cluster."""
+import contextlib
+
 import numpy as np
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from streamlb import _state
 from streamlb._state import AggregateState, StatefulMapState
 
 SPEC = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", "max"),
@@ -15,9 +18,25 @@ SPEC = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", 
 @given(
     keys=hnp.arrays(np.int64, st.integers(1, 300), elements=st.integers(-20, 20)),
     cuts=st.lists(st.integers(0, 300), max_size=5),
+    shard_keys=st.sampled_from([1 << 18, 2, 5]),
     data=st.data(),
 )
-def test_aggregate_state_equals_pandas(keys, cuts, data):
+def test_aggregate_state_equals_pandas(keys, cuts, shard_keys, data):
+    """Tiny shard sizes make shards split mid-stream, down to one key group each."""
+    with _shard_size(shard_keys):
+        _check_aggregate(keys, cuts, data)
+
+
+@contextlib.contextmanager
+def _shard_size(keys: int):
+    _state.SHARD_KEYS, saved = keys, _state.SHARD_KEYS
+    try:
+        yield
+    finally:
+        _state.SHARD_KEYS = saved
+
+
+def _check_aggregate(keys, cuts, data):
     n = len(keys)
     v = data.draw(hnp.arrays(np.float64, n, elements=st.one_of(
         st.integers(-1000, 1000).map(float), st.just(np.nan))))
@@ -28,6 +47,8 @@ def test_aggregate_state_equals_pandas(keys, cuts, data):
     for lo, hi in zip(bounds, bounds[1:]):
         part = df.iloc[lo:hi]
         store.update(part)
+    if _state.SHARD_KEYS == 2 and df.k.nunique() > 2:
+        assert len(store.shards) > 1
     got = store.frame().sort_index()
     want = df.groupby("k").agg(**SPEC)
     assert got.index.tolist() == want.index.tolist()
@@ -37,9 +58,8 @@ def test_aggregate_state_equals_pandas(keys, cuts, data):
 
 def test_string_keys_and_emitted_slots():
     store = AggregateState("agg", {"n": ("v", "count")}, "k", 16)
-    labels = store.update(pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]}))
-    labels = store.update(pd.DataFrame({"k": ["c", "a"], "v": [1, 2]}))
-    touched = store.frame(pd.unique(labels))
+    store.update(pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]}))
+    touched = store.frame(store.update(pd.DataFrame({"k": ["c", "a"], "v": [1, 2]})))
     assert touched["n"].to_dict() == {"c": 1, "a": 3}
 
 
@@ -54,10 +74,18 @@ def test_stateful_map_keeps_per_key_order():
 @given(
     keys=hnp.arrays(np.int64, st.integers(1, 400), elements=st.integers(0, 60)),
     moves=st.lists(st.tuples(st.integers(0, 400), st.sets(st.integers(0, 7), min_size=1)), max_size=6),
+    shard_keys=st.sampled_from([1 << 18, 2, 5]),
     data=st.data(),
 )
-def test_cut_and_install_move_state_without_loss(keys, moves, data):
-    """Two owners, key groups moving between them mid-stream: merged state equals pandas."""
+def test_cut_and_install_move_state_without_loss(keys, moves, shard_keys, data):
+    """Two owners, key groups moving between them mid-stream: merged state equals pandas,
+    with shards splitting (tiny shard sizes) as state comes and goes. Some keys of a group
+    are pulled one by one first (the lazy strategy), then the rest of the group."""
+    with _shard_size(shard_keys):
+        _check_moves(keys, moves, data)
+
+
+def _check_moves(keys, moves, data):
     from streamlb.keygroups import assign_to_key_group
 
     G = 8
@@ -81,6 +109,12 @@ def test_cut_and_install_move_state_without_loss(keys, moves, data):
             pos = cut_at
         for grp in moved:
             src = owner[grp]
+            pulled = np.array(data.draw(st.lists(st.integers(-5, 65), max_size=4)), np.int64)
+            pulled = pulled[assign_to_key_group(pulled, G) == grp] if len(pulled) else pulled
+            before = stores[src].contains(pulled)
+            stores[1 - src].install(stores[src].cut_keys(pulled))
+            assert (stores[1 - src].contains(pulled) == before).all()
+            assert not stores[src].contains(pulled).any()
             stores[1 - src].install(stores[src].cut({grp}))
             owner[grp] = 1 - src
     got = pd.concat([s.frame() for s in stores]).sort_index()
