@@ -177,6 +177,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
             await _gather("pausing the sources", [call(*s, "pause") for s in ctl.sources])
             await _until(lambda: _all_idle(ctl, call), timeout, f"job {ctl.job} to drain before epoch {epoch}")
         switching = True
+        t_switch = time.time()
         await _gather(f"switching the routers of {op.name} to epoch {epoch}",
                       [call(*r, "set_table", _target(ctl, op), new) for r in op.routers])
         op.table = new          # the routers route by it now, whatever happens next
@@ -203,6 +204,11 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         "key_groups": sorted(assignment), "from": sorted(outgoing), "to": sorted(incoming),
         "started": t0, "completed": time.time(),
         "applied_while_waiting": int(sum(by_instance[i]["applied_while_waiting"].get(epoch, 0) for i in incoming)),
+        "routers_switched": t_switch,
+        "aligned": max((t for i in outgoing if (t := by_instance[i]["aligned_at"].get(epoch)) is not None),
+                       default=None),
+        "installed": max((t for i in incoming if (t := by_instance[i]["installed_at"].get(epoch)) is not None),
+                         default=None),
         "first_moved_record_applied": min(
             (t for i in incoming if (t := by_instance[i]["first_applied"].get(epoch)) is not None), default=None),
     })

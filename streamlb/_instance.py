@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import os
 import time
 import traceback
@@ -96,6 +97,8 @@ class _Migration:
         self.keys_asked: set = set()           # lazy, new owner: keys asked for, no reply yet
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
+        self.aligned_at: float | None = None         # old owner: markers from every router
+        self.installed_at: float | None = None       # new owner: the last incoming group installed
 
 
 class _Held:
@@ -146,7 +149,10 @@ class Instance:
         self._next: dict[int, int] = collections.defaultdict(int)
         self._ready: collections.deque = collections.deque()
         self._ctl: collections.deque = collections.deque()     # state installs: before data, in order
-        self._send_locks: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        # state sent between owners: numbered per (sender, receiver), installed in that order
+        self._state_seq: dict[int, int] = collections.defaultdict(int)
+        self._ctl_next: dict[int, int] = collections.defaultdict(int)
+        self._ctl_early: dict[int, dict] = collections.defaultdict(dict)
         self._list_out: dict[int, list] = collections.defaultdict(list)
         self._dead: list[dict] = []
         self._writers: dict[str, object] = {}
@@ -244,9 +250,24 @@ class Instance:
             batches = self._replay_batches()
         else:
             batches = ((b, None) for b in self._source_batches())
+        # read and slice in a thread, one batch ahead: Parquet decoding (which releases the
+        # GIL) then never stalls this worker's event loop, where every instance runs
+        loop = asyncio.get_running_loop()
+        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{self.label}")
+        try:
+            await self._emit_all(loop, reader, iter(batches), per_instance)
+        finally:
+            reader.shutdown(wait=False, cancel_futures=True)
+        await self._finish()
+
+    async def _emit_all(self, loop, reader, batches, per_instance) -> None:
+        st = self.stage
         t0 = time.time()
         sent = 0
-        for batch, due in batches:
+        ahead = loop.run_in_executor(reader, next, batches, None)
+        while (item := await ahead) is not None:
+            ahead = loop.run_in_executor(reader, next, batches, None)
+            batch, due = item
             n = len(batch)
             if not self._gate.is_set():
                 await self._gate.wait()
@@ -266,7 +287,6 @@ class Instance:
             self._blocked = 0.0
             await self._run_steps(st.children, batch, emitted)
             self._account(n, time.perf_counter() - t1 - self._blocked, None)
-        await self._finish()
 
     def _replay_batches(self):
         """Replay on one clock shared by every instance: the event-time span of the whole log
@@ -371,6 +391,9 @@ class Instance:
             while not self._ready and not self._ctl:
                 self._wake.clear()
                 await self._wake.wait()
+            # applying a batch rarely suspends: yield between batches, or RPC handlers (state
+            # installs, key requests) and migration tasks wait until the queue runs dry
+            await asyncio.sleep(0)
             sender, kind, emitted, frame, fut = (self._ctl or self._ready).popleft()
             held = False
             try:
@@ -494,6 +517,8 @@ class Instance:
         m.incoming.update(incoming)
         for g in incoming:
             self._pending_in[g] = m
+        if incoming:
+            self.store.reserve(incoming)
         self._check_alignment()
 
     def _lazy_arrived(self, frame, groups, wait: np.ndarray) -> np.ndarray:
@@ -540,6 +565,7 @@ class Instance:
             if len(self._marks[m.epoch] | self._eos_from) == self.upstream_instances:
                 # no epoch-(e-1) record of the outgoing groups can arrive any more
                 m.aligned = True
+                m.aligned_at = time.time()
                 if m.strategy == "lazy":
                     self._spawn(self._drain_lazy(m))
                 else:
@@ -550,21 +576,26 @@ class Instance:
         self._mig_tasks.add(task)
         task.add_done_callback(self._mig_tasks.discard)
 
-    async def _ship(self, m: "_Migration", groups) -> None:
-        """Cut the state of ``groups`` (those not yet sent) and send it to the new owners.
+    def _send_state(self, dest: int, kind: str, args):
+        """Number a cut for ``dest``: cutting and numbering happen with no await between
+        them, so the new owner installs cuts in the order they were made (a key pulled
+        alone before the rest of its group), while sends overlap."""
+        seq = self._state_seq[dest]
+        self._state_seq[dest] = seq + 1
+        return self.siblings[dest].call("install_state", self.index, seq, kind, args)
 
-        Sends to one owner go one at a time, each awaited until installed, so they are
-        installed in the order they were cut."""
+    async def _ship(self, m: "_Migration", groups) -> None:
+        """Cut the state of ``groups`` (those not yet sent) and send it to the new owners;
+        returns once installed."""
         by_dest: dict[int, list[int]] = collections.defaultdict(list)
         for g in groups:
-            if g in m.outgoing:
+            if g in m.outgoing and g not in m.sent:
                 by_dest[m.outgoing[g]].append(g)
+        sends = []
         for dest, gs in by_dest.items():
-            async with self._send_locks[dest]:
-                gs = [g for g in gs if g not in m.sent]
-                if gs:
-                    m.sent.update(gs)
-                    await self.siblings[dest].call("install_state", m.epoch, gs, self.store.cut(gs))
+            m.sent.update(gs)
+            sends.append(self._send_state(dest, "install", (m.epoch, gs, self.store.cut(gs))))
+        await asyncio.gather(*sends)
         self._maybe_done(m)
 
     async def fetch_keys(self, epoch: int, dest: int, keys) -> None:
@@ -579,11 +610,11 @@ class Instance:
 
     async def _ship_keys(self, m: "_Migration", dest: int, keys) -> None:
         keys = np.asarray(keys)
-        async with self._send_locks[dest]:
-            groups = assign_to_key_group(keys, self.key_groups, name=self.stage.key_name)
-            mine = np.fromiter((g in m.outgoing and g not in m.sent for g in groups.tolist()), bool, len(keys))
-            blob = self.store.cut_keys(keys[mine], groups[mine])
-            await self.siblings[dest].call("install_keys", m.epoch, keys, blob)
+        groups = assign_to_key_group(keys, self.key_groups, name=self.stage.key_name)
+        waiting = [g for g in m.outgoing if g not in m.sent]     # groups whose state is still here
+        mine = np.isin(groups, np.asarray(waiting, np.int64))
+        blob = self.store.cut_keys(keys[mine], groups[mine])
+        await self._send_state(dest, "install_keys", (m.epoch, keys, blob))
 
     def _maybe_done(self, m: "_Migration") -> None:
         # an owner may give and take key groups in the same epoch: both sides must be through
@@ -594,29 +625,31 @@ class Instance:
         """Lazy, old owner: serve the keys asked for before alignment, then move the rest
         of the groups ``lazy-step`` at a time (key requests get in between chunks)."""
         requests, m.key_requests = m.key_requests, []
+        by_dest: dict[int, list] = collections.defaultdict(list)
         for dest, keys in requests:
-            await self._ship_keys(m, dest, keys)
+            by_dest[dest].append(np.asarray(keys))
+        await asyncio.gather(*[self._ship_keys(m, dest, np.concatenate(ks)) for dest, ks in by_dest.items()])
         step = max(1, int(self._lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
         for i in range(0, len(rest), step):
             await asyncio.sleep(0)          # let data and requests in between chunks
             await self._ship(m, rest[i:i + step])
 
-    async def _control(self, kind: str, args) -> None:
-        """Queue a state install ahead of the data (installs keep their order) and return
-        once it is applied."""
+    async def install_state(self, src: int, seq: int, kind: str, args) -> None:
+        """State cut by owner ``src`` (its ``seq``-th cut for this owner): whole key groups
+        (``install``) or, with ``lazy``, single keys this owner asked for (``install_keys``;
+        keys with no state come back empty). Queued ahead of the data in ``seq`` order;
+        returns once applied."""
         fut = asyncio.get_running_loop().create_future()
-        self._ctl.append((None, kind, 0.0, args, fut))
+        early = self._ctl_early[src]
+        early[seq] = (None, kind, 0.0, args, fut)
+        nxt = self._ctl_next[src]
+        while nxt in early:
+            self._ctl.append(early.pop(nxt))
+            nxt += 1
+        self._ctl_next[src] = nxt
         self._wake.set()
         await fut
-
-    async def install_state(self, epoch: int, groups: list[int], blob) -> None:
-        """State of whole key groups arriving from the old owner."""
-        await self._control("install", (epoch, groups, blob))
-
-    async def install_keys(self, epoch: int, keys, blob) -> None:
-        """Lazy: the state of single keys this owner asked for (absent keys had none)."""
-        await self._control("install_keys", (epoch, keys, blob))
 
     async def _install_keys(self, epoch: int, keys, blob) -> None:
         self.store.install(blob)
@@ -633,6 +666,8 @@ class Instance:
             self._pending_in.pop(g, None)
         m = self._migs[epoch]
         m.installed.update(groups)
+        if len(m.installed) == len(m.incoming):
+            m.installed_at = time.time()
         self._maybe_done(m)
         arrived = np.fromiter(got, np.int64, len(got))
         await self._release(m, lambda h: np.isin(h.groups, arrived))
@@ -659,7 +694,9 @@ class Instance:
         return {"done": sorted(self._done_epochs), "pending_groups": len(self._pending_in),
                 "held_batches": len(self._held), "status": self.status,
                 "applied_while_waiting": {e: m.applied_while_waiting for e, m in self._migs.items()},
-                "first_applied": {e: m.first_applied for e, m in self._migs.items()}}
+                "first_applied": {e: m.first_applied for e, m in self._migs.items()},
+                "aligned_at": {e: m.aligned_at for e, m in self._migs.items()},
+                "installed_at": {e: m.installed_at for e, m in self._migs.items()}}
 
     # -- fused steps --------------------------------------------------------------------------
     async def _run_steps(self, steps: list[Step], x, emitted: float) -> None:

@@ -236,11 +236,51 @@ class AggregateState:
             self.dtypes.setdefault(c, dt)
         for part in blob["parts"]:
             at = self._shard_of[part["key_groups"]]
+            shards = list(self.shards)          # carving renumbers shards: keep these
             for s in np.unique(at).tolist():
-                sel = at == s
-                self.shards[s]._put(part["keys"][sel], part["key_groups"][sel],
-                                    {k: v[sel] for k, v in part["tables"].items()})
+                sh, sel = shards[s], at == s
+                kg = part["key_groups"][sel]
+                if sh.live:
+                    sh = self._carve(sh, int(kg.min()), int(kg.max()) + 1, len(kg)) or sh
+                sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in part["tables"].items()})
         self._split_large(list(self.shards), every=True)
+
+    def reserve(self, groups) -> None:
+        """Make room for incoming key groups ahead of their state: a shard of their own
+        where no key held here lies in their range, so installs never rehash or split the
+        shards holding this instance's own keys."""
+        groups = np.unique(np.asarray(list(groups), np.int64))
+        if not len(groups):
+            return
+        at = self._shard_of[groups]
+        shards = list(self.shards)
+        for s in np.unique(at).tolist():
+            gs = groups[at == s]
+            if shards[s].live:
+                self._carve(shards[s], int(gs.min()), int(gs.max()) + 1, 0)
+
+    def _carve(self, sh: "_AggShard", lo: int, hi: int, size: int) -> "_AggShard | None":
+        """Cut key groups ``lo..hi-1`` out of ``sh`` as a new, empty shard (its table sized
+        for ``size`` keys), when no key held in ``sh`` lies in that range and the held keys
+        all lie on one side of it; else None."""
+        held = sh.index.key_groups[: sh.index.n][sh.present[: sh.index.n]]
+        left, right = (held < lo).any(), (held >= hi).any()
+        if (lo == sh.lo and hi == sh.hi) or ((held >= lo) & (held < hi)).any() or (left and right):
+            return None
+        mid = _AggShard(self, lo, hi)
+        if sh.index.dtype is not None:
+            mid.index = _KeyIndex(sh.index.dtype, 2 * size)
+        if left:
+            pieces = [sh, mid, _AggShard(self, hi, sh.hi)]
+            sh.hi = lo
+        else:
+            pieces = [_AggShard(self, sh.lo, lo), mid, sh]
+            sh.lo = hi
+        i = self.shards.index(sh)
+        self.shards[i:i + 1] = [p for p in pieces if p.hi > p.lo]
+        for j, p in enumerate(self.shards):
+            self._shard_of[p.lo:p.hi] = j
+        return mid
 
     # -- output ------------------------------------------------------------------------------
     def frame(self, touched: list | None = None) -> pd.DataFrame:
@@ -496,6 +536,9 @@ class StatefulMapState:
     def contains(self, keys, groups=None) -> np.ndarray:
         states = self.states
         return np.fromiter((k in states for k in np.asarray(keys).tolist()), bool, len(keys))
+
+    def reserve(self, groups) -> None:
+        """Nothing to prepare: states live in one dict."""
 
     def install(self, blob: dict) -> None:
         self.states.update(blob["states"])

@@ -111,6 +111,8 @@ def _check_moves(keys, moves, data):
             src = owner[grp]
             pulled = np.array(data.draw(st.lists(st.integers(-5, 65), max_size=4)), np.int64)
             pulled = pulled[assign_to_key_group(pulled, G) == grp] if len(pulled) else pulled
+            if data.draw(st.booleans()):
+                stores[1 - src].reserve({grp})      # as the new owner does when prepared
             before = stores[src].contains(pulled)
             stores[1 - src].install(stores[src].cut_keys(pulled))
             assert (stores[1 - src].contains(pulled) == before).all()
