@@ -94,7 +94,7 @@ class _Migration:
         self.sent: set[int] = set()
         self.installed: set[int] = set()
         self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
-        self.keys_asked: set = set()           # lazy, new owner: keys asked for, no reply yet
+        self.keys_asked = _state.KeySet()      # lazy, new owner: keys asked for
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
         self.aligned_at: float | None = None         # old owner: markers from every router
@@ -537,17 +537,25 @@ class Instance:
     def _request_keys(self, frame, groups) -> None:
         """Lazy: ask the old owners for the state of the keys of held rows, once per key."""
         keys = frame[self.stage.key_name].to_numpy()
-        ask: dict[tuple, list] = collections.defaultdict(list)
+        src = np.full(len(groups), -1, np.int64)
+        migs = {}
         for g in np.unique(groups).tolist():
             m = self._pending_in.get(g)
-            if m is None or m.strategy != "lazy":
+            if m is not None and m.strategy == "lazy":
+                src[groups == g] = m.incoming[g]
+                migs[m.epoch] = m
+        for m in migs.values():
+            mine = np.isin(groups, np.fromiter(m.incoming, np.int64, len(m.incoming))) & (src >= 0)
+            k, g, s = keys[mine], groups[mine], src[mine]
+            new = m.keys_asked.lookup(k) < 0
+            if not new.any():
                 continue
-            for k in pd.unique(keys[groups == g]).tolist():
-                if k not in m.keys_asked:
-                    m.keys_asked.add(k)
-                    ask[(m.epoch, m.incoming[g])].append(k)
-        for (epoch, src), ks in ask.items():
-            self._spawn(self.siblings[src].call("fetch_keys", epoch, self.index, np.asarray(ks)))
+            k, g, s = k[new], g[new], s[new]
+            first = ~pd.Index(k).duplicated()
+            k, g, s = k[first], g[first], s[first]
+            m.keys_asked.slots(k, g, self.key_groups, self.stage.key_name)
+            for o in np.unique(s).tolist():
+                self._spawn(self.siblings[o].call("fetch_keys", m.epoch, self.index, k[s == o]))
 
     async def abort(self, epoch: int) -> None:
         """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
@@ -654,8 +662,6 @@ class Instance:
     async def _install_keys(self, epoch: int, keys, blob) -> None:
         self.store.install(blob)
         m = self._migs.get(epoch)
-        if m is not None:
-            m.keys_asked.difference_update(np.asarray(keys).tolist())
         asked = pd.Index(keys)
         await self._release(m, lambda h: h.frame[self.stage.key_name].isin(asked).to_numpy())
 
@@ -668,6 +674,7 @@ class Instance:
         m.installed.update(groups)
         if len(m.installed) == len(m.incoming):
             m.installed_at = time.time()
+            m.keys_asked = _state.KeySet()
         self._maybe_done(m)
         arrived = np.fromiter(got, np.int64, len(got))
         await self._release(m, lambda h: np.isin(h.groups, arrived))

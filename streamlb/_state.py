@@ -81,6 +81,11 @@ class _KeyIndex:
         return labels
 
 
+class KeySet(_KeyIndex):
+    """A set of keys with vectorised membership (``lookup(keys) >= 0``) and insertion
+    (``slots``)."""
+
+
 def _add_float(target: np.ndarray, labels: np.ndarray, values: np.ndarray, n: int) -> None:
     """``target[labels] += values`` with repeats summed, in order.
 

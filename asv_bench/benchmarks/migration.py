@@ -15,6 +15,7 @@ from ._common import cluster, zipf_dataset
 
 ROWS, KEYS = 10_000_000, 14_000_000
 RATE = 600_000
+BATCH = 20_000                     # rows per source batch: each source emits every 67 ms
 MOVE_AT = 11.0                     # seconds into the replay: ~6.6M rows read, ~5.3M keys held
 STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
 
@@ -47,7 +48,7 @@ def _run(client, path, strategy):
     import streamlb
 
     client.run(_sampler)
-    src = Stream.from_parquet(path, batch_size=20_000, rate=RATE, event_time="event_time")
+    src = Stream.from_parquet(path, batch_size=BATCH, rate=RATE, event_time="event_time")
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=2, name="n")
     with streamlb.run(src, client=client, key_groups=256, window=0.1) as job:
         time.sleep(MOVE_AT)
