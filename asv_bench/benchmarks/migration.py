@@ -42,11 +42,21 @@ def _collect(dask_worker):
     return list(getattr(dask_worker, "_streamlb_rss", []))
 
 
+def _by_value() -> None:
+    """Workers cannot import this benchmark module: ship its functions by value."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 def _run(client, path, strategy):
     from streamz import Stream
 
     import streamlb
 
+    _by_value()
     client.run(_sampler)
     src = Stream.from_parquet(path, batch_size=BATCH, rate=RATE, event_time="event_time")
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=2, name="n")
