@@ -1,4 +1,4 @@
-"""Command line: ``streamlb prepare zipf|nexmark ...`` and ``streamlb demo``."""
+"""Command line: ``streamlb prepare zipf|nexmark ...``, ``streamlb demo`` and ``streamlb simulate``."""
 from __future__ import annotations
 
 import argparse
@@ -112,6 +112,37 @@ def _plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _simulate(args) -> int:
+    from .balancer import available_balancers
+    from .simulate import Trace, plot, simulate, summarize, zipf_trace
+
+    unknown = [b for b in args.balancers if b not in available_balancers()]
+    if unknown:
+        print(f"streamlb simulate: unknown balancer {unknown[0]!r}; valid balancers are "
+              f"{', '.join(sorted(available_balancers()))}", file=sys.stderr)
+        return 2
+    if args.trace:
+        if not os.path.exists(args.trace):
+            print(f"streamlb simulate: trace file {args.trace!r} does not exist", file=sys.stderr)
+            return 2
+        trace = Trace.load(args.trace)
+        what = f"trace {args.trace}: {trace.windows:,} windows x {trace.key_groups:,} key groups"
+    else:
+        trace = zipf_trace(args.windows, args.key_groups, args.instances, keys=args.keys, skew=args.skew,
+                           records_per_window=args.records_per_window, drift_every=args.drift_every,
+                           seed=args.seed)
+        what = (f"Zipf s={args.skew} over {args.keys:,} keys, {args.windows:,} windows x "
+                f"{args.key_groups:,} key groups, hot keys rotating every {args.drift_every or 0} windows")
+    n = args.instances if args.instances else trace.instances
+    print(f"{what}, {n} instances")
+    results = {b: simulate(trace, b, n, max_groups=args.max_groups, progress=True) for b in args.balancers}
+    print(summarize(results).round(3).to_string())
+    os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
+    plot(results, args.plot, title=f"simulated imbalance, {n} instances")
+    print(f"plot: {args.plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
     p = argparse.ArgumentParser(prog="streamlb", description=__doc__)
@@ -144,7 +175,26 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--plot", default="streamlb-data/demo-load.png", help="PNG of per-instance load")
     d.set_defaults(func=_demo)
 
+    sm = sub.add_parser("simulate", help="replay a load trace (recorded or Zipf) through balancers, "
+                                         "no cluster; writes a PNG of imbalance over time")
+    sm.add_argument("--trace", help="a trace saved with Trace.save (e.g. job.load_trace(op).save(path)); "
+                                    "default: generate one from Zipf")
+    sm.add_argument("--balancers", nargs="+", default=["static", "autoflow", "greedy"])
+    sm.add_argument("--instances", type=int, default=None, help="default: the trace's, else 8")
+    sm.add_argument("--windows", type=int, default=600)
+    sm.add_argument("--key-groups", type=int, default=1024)
+    sm.add_argument("--keys", type=int, default=100_000)
+    sm.add_argument("--skew", type=float, default=1.0)
+    sm.add_argument("--records-per-window", type=int, default=100_000)
+    sm.add_argument("--drift-every", type=int, default=100, help="windows between hot-key rotations")
+    sm.add_argument("--max-groups", type=int, default=64, help="cap on key groups per plan")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--plot", default="streamlb-data/simulate.png")
+    sm.set_defaults(func=_simulate)
+
     args = p.parse_args(argv)
+    if args.command == "simulate" and not args.trace and args.instances is None:
+        args.instances = 8
     return args.func(args)
 
 

@@ -20,10 +20,11 @@ the scheduler's HTTP server.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -47,6 +48,7 @@ class _Job:
         self.windows: dict[str, dict[float, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
         self.load: dict[str, list] = {}          # operator -> last merged window, per instance
         self.imbalance: dict[str, list] = defaultdict(list)
+        self.trace: dict[str, deque] = defaultdict(lambda: deque(maxlen=int(config.get("balancer.trace-windows"))))
         self.refused: list[dict] = []
         self.tasks: set = set()
 
@@ -94,6 +96,7 @@ class BalancerPlugin(SchedulerPlugin):
             "streamlb_routing": self.routing_handler,
             "streamlb_history": self.history_handler,
             "streamlb_state": self.state_handler,
+            "streamlb_trace": self.trace_handler,
         })
         scheduler.stream_handlers["streamlb-load"] = self.receive_load
         app = getattr(scheduler, "http_application", None)
@@ -222,6 +225,7 @@ class BalancerPlugin(SchedulerPlugin):
             "window_start": window_start, "imbalance": measured, "floor": floor,
             "planned": report.imbalance(), "records": float(total), "epoch": op.table.epoch,
         })
+        j.trace[operator].append((window_start, load.astype(np.float32), op.table.owners.astype(np.int32), measured))
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
         if reports["final"]:
@@ -274,6 +278,24 @@ class BalancerPlugin(SchedulerPlugin):
 
     def state_handler(self) -> dict:
         return self.state()
+
+    def trace_handler(self, job: str, operator: str) -> dict:
+        """The windows kept for ``operator`` as .npy bytes: loads, owners, measured imbalance."""
+        j = self._job(job)
+        j.control.operator(operator)            # an unknown operator is named
+        rows = list(j.trace.get(operator, ()))
+        G, n = j.control.operator(operator).table.key_groups, j.control.operator(operator).table.parallelism
+
+        def npy(a) -> bytes:
+            buf = io.BytesIO()
+            np.save(buf, a, allow_pickle=False)
+            return buf.getvalue()
+
+        return {"window": self.window, "instances": n,
+                "window_start": npy(np.array([r[0] for r in rows], np.float64)),
+                "loads": npy(np.array([r[1] for r in rows], np.float32).reshape(len(rows), G)),
+                "owners": npy(np.array([r[2] for r in rows], np.int32).reshape(len(rows), G)),
+                "measured": npy(np.array([r[3] for r in rows], np.float64))}
 
 
 try:

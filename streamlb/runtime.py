@@ -275,6 +275,30 @@ class Job:
             raise PipelineError(f"job {self.id} runs without a balancer; pass streamlb.run(..., balancer=...)")
         return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.id, {})
 
+    def load_trace(self, operator: str):
+        """The load the balancer plugin saw for ``operator``, window by window (the last
+        ``streamlb.balancer.trace-windows`` of them), as a :class:`streamlb.simulate.Trace`
+        to replay through any balancer with :func:`streamlb.simulate.simulate`."""
+        import io
+
+        from .simulate import Trace
+
+        if self.balancer is None:
+            raise PipelineError(f"job {self.id} runs without a balancer, so no load was recorded; "
+                                "pass streamlb.run(..., balancer=...)")
+        st = self.plan.stage(operator)
+        if st.id not in self.tables:
+            raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have load traces")
+        r = self.client.sync(self.client.scheduler.streamlb_trace, job=self.id, operator=operator)
+        arr = {k: np.load(io.BytesIO(r[k]), allow_pickle=False)
+               for k in ("window_start", "loads", "owners", "measured")}
+        if not len(arr["loads"]):
+            raise PipelineError(f"no load window of {operator!r} has been recorded yet")
+        return Trace(arr["loads"], int(r["instances"]), float(r["window"]), owners=arr["owners"][0],
+                     recorded_owners=arr["owners"], measured=arr["measured"],
+                     meta={"source": "job", "job": self.id, "operator": operator,
+                           "window_start": arr["window_start"].tolist()})
+
     def _commit_parquet(self) -> None:
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")

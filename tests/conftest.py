@@ -16,6 +16,32 @@ import pytest
 warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+THIRD_PARTY = os.path.join(HERE, "..", "examples", "third_party_balancer")
+
+
+def _install_third_party_balancer() -> str:
+    """Install examples/third_party_balancer the way pip lays a package out (the module and
+    a ``.dist-info`` holding its entry points) into a fresh directory put on ``sys.path``,
+    before test modules collect the registered balancers. Nothing is fetched or built."""
+    import tempfile
+    import tomllib
+
+    with open(os.path.join(THIRD_PARTY, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    site = tempfile.mkdtemp(prefix="streamlb-third-party-")
+    shutil.copytree(os.path.join(THIRD_PARTY, "src", "hottest_to_coldest"), os.path.join(site, "hottest_to_coldest"))
+    info = os.path.join(site, f"{project['name'].replace('-', '_')}-{project['version']}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        for group, eps in project["entry-points"].items():
+            f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    sys.path.insert(0, site)
+    return site
+
+
+THIRD_PARTY_SITE = _install_third_party_balancer()
 
 
 def free_port() -> int:

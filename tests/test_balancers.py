@@ -11,10 +11,12 @@ from streamlb.balancer import (Balancer, LoadReport, Move, apply_plan, available
 NAMES = sorted(available_balancers())
 
 
-def test_builtins_are_registered_through_entry_points():
-    assert {"static", "autoflow", "greedy"} <= set(NAMES)
+def test_builtins_and_a_third_party_balancer_are_registered_through_entry_points():
+    # conftest installs examples/third_party_balancer as a separate distribution
+    assert {"static", "autoflow", "greedy", "hottest-to-coldest"} <= set(NAMES)
     for name in NAMES:
         assert isinstance(get_balancer(name), Balancer)
+    assert available_balancers()["hottest-to-coldest"].dist.name == "hottest-to-coldest"
 
 
 def test_unknown_balancer_lists_the_valid_ones():

@@ -151,3 +151,15 @@ def test_preload_on_a_dask_scheduler_process(skewed):
             pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
             assert len(job.history) >= 1
             assert set(job.metrics().worker) == set(client.scheduler_info()["workers"])
+
+
+def test_a_third_party_balancer_runs_a_job(cluster2, skewed):
+    """examples/third_party_balancer, installed as its own distribution (see conftest),
+    found through its entry point by the plugin on the scheduler."""
+    path, df = skewed
+    with run_balanced(cluster2, path, "hottest-to-coldest", balancer_options={"tolerance": 0.05}) as job:
+        job.wait(timeout=120)
+        pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+        auto = imbalance_series(job.balancer_state())
+        assert len(job.history) >= 1
+    assert np.median(auto[3:-1]) < 1.15, auto
