@@ -18,7 +18,7 @@ import traceback
 import numpy as np
 import pandas as pd
 
-from . import _state
+from . import _shuffle, _state
 from .exceptions import PipelineError, StreamlbError, UserFunctionError
 from .keygroups import assign_to_key_group
 from .nodes import describe
@@ -55,18 +55,21 @@ class _Channel:
         self.seq = 0
         self.tasks: set = set()
 
-    async def send(self, kind: str, emitted: float, frame) -> None:
+    async def send(self, kind: str, emitted: float, frame, done=None) -> None:
+        """Send once a credit is free; ``done(reply)`` runs when the receiver has processed it."""
         t0 = time.perf_counter()
         await self.sem.acquire()
         self.owner._blocked += time.perf_counter() - t0
         seq, self.seq = self.seq, self.seq + 1
-        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame))
+        task = asyncio.ensure_future(self._do(seq, kind, emitted, frame, done))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _do(self, seq, kind, emitted, frame) -> None:
+    async def _do(self, seq, kind, emitted, frame, done=None) -> None:
         try:
-            await self.peer.call("push", self.sender, seq, kind, emitted, frame)
+            reply = await self.peer.call("push", self.sender, seq, kind, emitted, frame)
+            if done is not None:
+                done(reply)
         except Exception as exc:  # the receiver or its worker is gone: the job cannot go on
             self.owner._fail(StreamlbError(
                 f"instance {self.owner.label} could not send to {self.peer.key} on "
@@ -173,6 +176,9 @@ class Instance:
         self._done_epochs: set[int] = set()
         self._finishing = False
         self._mig_tasks: set = set()
+        shuffle = stage.shuffle or {}
+        self._sketch = _shuffle.CostSketch() if shuffle.get("policy") == "osg" else None
+        self._sketch_sent: dict[int, float] = {}
         if stage.kind == "aggregate":
             self.store = _state.AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
         elif stage.kind == "stateful_map":
@@ -205,6 +211,10 @@ class Instance:
         }
         self.tables = tables
         self.exchanges = exchanges     # stage id -> (exchange kind, key, key_name, stage name)
+        self._shufflers = {
+            t: _shuffle.ShuffleRouter(x[5]["policy"], len(outputs[t]), x[5]["feature"], x[5]["group"])
+            for t, x in exchanges.items() if t in outputs and x[0] == "round_robin" and len(x) > 5 and x[5]
+        }
         self._wake = asyncio.Event()
         self.status = "ready"
         return self.worker.address
@@ -385,6 +395,10 @@ class Instance:
         self._next[sender] = nxt
         self._wake.set()
         await fut
+        if self._sketch is not None and time.time() - self._sketch_sent.get(sender, 0.0) > 0.05:
+            self._sketch_sent[sender] = time.time()
+            return self._sketch.snapshot()       # osg: what records cost here, for the router
+        return None
 
     async def _process_loop(self) -> None:
         while True:
@@ -453,6 +467,10 @@ class Instance:
         elif st.kind == "stateful_map":
             outs = self.store.update(frame)
             out = pd.DataFrame({st.key_name: frame[st.key_name].to_numpy(), "output": outs}) if st.children else None
+        elif self._sketch is not None and n:
+            await self._apply_by_feature(frame, emitted)
+            self.records_in += n
+            return held
         else:
             out = frame
         if st.cost is not None and n:
@@ -468,6 +486,28 @@ class Instance:
                 m.applied_while_waiting += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
         return held
+
+    async def _apply_by_feature(self, frame, emitted: float) -> None:
+        """osg: run the stage on each feature value's rows in turn, timing each, so the
+        sketches learn what a record of each value costs."""
+        st = self.stage
+        values = _shuffle.features(frame, st.shuffle["feature"], st.name)
+        codes, uniques = pd.factorize(values, sort=False, use_na_sentinel=False)   # NaN is a value too
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(codes, minlength=len(uniques)))))
+        secs = np.zeros(len(uniques))
+        for u in range(len(uniques)):
+            part = frame.iloc[order[bounds[u]:bounds[u + 1]]]
+            t1 = time.perf_counter()
+            self._blocked = 0.0
+            if st.cost is not None:
+                await asyncio.sleep(max(self._cost_of(part, len(part)) - (time.perf_counter() - t1), 0.0))
+            applied = time.time()
+            await self._run_steps(st.children, part, emitted)
+            busy = time.perf_counter() - t1 - self._blocked
+            secs[u] = busy
+            self._account(len(part), busy, (applied - emitted) * 1e3)
+        self._sketch.add(uniques, secs, np.diff(bounds).astype(np.float64))
 
     def _cost_of(self, frame, n: int) -> float:
         cost = self.stage.cost
@@ -768,8 +808,14 @@ class Instance:
         chans = self.outputs[target]
         if kind == "round_robin":
             if len(x):
-                await chans[self._rr % len(chans)].send("data", emitted, x)
-                self._rr += 1
+                router = self._shufflers.get(target)
+                if router is None:
+                    await chans[self._rr % len(chans)].send("data", emitted, x)
+                    self._rr += 1
+                    return
+                for i, piece, cost in router.route(x, name):
+                    await chans[i].send("data", emitted, piece,
+                                        lambda reply, i=i, cost=cost: router.done(i, cost, reply))
             return
         if not len(x):
             return
@@ -917,6 +963,7 @@ class Instance:
             "latency_p50_ms": _weighted_quantile(lat, wt, 0.5) if has else np.nan,
             "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
             "latency_max_ms": float(lat.max()) if has else np.nan,
+            "latency_mean_ms": float((lat * wt).sum() / wt.sum()) if has else np.nan,
         })
         final = self._finishing or self.finished_at is not None or self._eos_sent
         if self._report:

@@ -226,15 +226,41 @@ class stateful_map(_Described):
 
 @Stream.register_api()
 class rebalance(_Described):
-    """Round-robin exchange: batches go to the next stage's instances in turn.
+    """Exchange for stateless stages: spreads batches over the next stage's instances.
 
-    ``cost`` emulates a service time per record in the stage after the exchange, as for
-    :class:`aggregate`.
+    Parameters
+    ----------
+    parallelism : int, optional
+        Instances of the next stage.
+    cost : float or str, optional
+        Emulated service time per record in the next stage, as for :class:`aggregate`.
+    balancer : str
+        ``round_robin`` (default: whole batches in turn), ``jsq`` (each batch to the
+        instance with the fewest batches in flight) or ``osg`` (record groups to the
+        instance that will finish them first, by costs learnt per ``feature``).
+    feature : str or callable, optional
+        For ``osg``: a column, or a function of the batch returning one value per row,
+        whose value predicts a record's cost (tens to a few hundred distinct values).
+    group : int
+        For ``osg``: rows per record group (default 256).
     """
 
-    def __init__(self, upstream, parallelism=None, cost=None, **kwargs):
+    def __init__(self, upstream, parallelism=None, cost=None, balancer="round_robin", feature=None,
+                 group=256, **kwargs):
+        from ._shuffle import check_shuffle
+
         _check_parallelism(parallelism, "rebalance")
         self.cost = _check_cost(cost, "rebalance")
+        self.balancer = check_shuffle(balancer)
+        if balancer == "osg" and not (callable(feature) or isinstance(feature, str) and feature):
+            raise PipelineError(
+                "rebalance(balancer='osg') needs feature=: a column name or a function of the batch "
+                f"returning one value per row, got {feature!r}"
+            )
+        if not isinstance(group, int) or group < 1:
+            raise PipelineError(f"rebalance: group must be a positive integer (rows per record group), got {group!r}")
+        self.feature = feature
+        self.group = group
         self.parallelism = parallelism
         super().__init__(upstream, **kwargs)
 

@@ -60,6 +60,7 @@ class Stage:
     event_time: str | None = None                   # parquet_source: column to merge files by
     time_range: tuple | None = None                 # (min, max) of event_time, float seconds
     cost: float | str | None = None                 # emulated seconds per record, or its column
+    shuffle: dict | None = None                     # rebalance: policy, feature, group
     children: list = field(default_factory=list)
 
     @property
@@ -256,6 +257,8 @@ class _Planner:
                 parallelism=self.default_parallelism(n.parallelism), upstream=stage.id,
                 exchange="round_robin", cost=n.cost,
             )
+            feature = _ship(n.feature, st.name) if callable(n.feature) else n.feature
+            st.shuffle = {"policy": n.balancer, "feature": feature, "group": n.group}
             st.children = self.children(n, st)
             return Step("exchange", target=st.id)
         if isinstance(n, (nodes.aggregate, nodes.stateful_map)):
@@ -330,7 +333,8 @@ def _check_columns(plan: Plan) -> None:
             st = by_id[step.target]
             cost = [st.cost] if isinstance(st.cost, str) else []
             if st.exchange != "keyed":
-                needed = cost
+                feature = (st.shuffle or {}).get("feature")
+                needed = cost + ([feature] if isinstance(feature, str) else [])
             else:
                 needed = ([st.key] if isinstance(st.key, str) else []) + [c for c, _ in st.spec.values()] + cost
             for c in needed:

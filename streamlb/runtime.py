@@ -21,7 +21,7 @@ __all__ = ["run", "Job", "METRIC_COLUMNS"]
 
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
-    "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms",
+    "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
 ]
 
 
@@ -164,7 +164,7 @@ class Job:
             for st in plan.stages if st.exchange == "keyed"
         }
         exchanges = {
-            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None)
+            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None, st.shuffle)
             for st in plan.stages if not st.is_source
         }
         peers = {
