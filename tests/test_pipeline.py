@@ -52,7 +52,9 @@ def test_aggregate_equals_pandas(client, zipf_path, zipf_frame):
         job.wait(timeout=120)
         check_aggregate(job.state("totals"), zipf_frame)
         m = job.metrics()
-    assert list(m.columns[:10]) == streamlb.METRIC_COLUMNS
+    required = ["operator", "instance", "worker", "window_start", "records", "busy_seconds",
+                "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"]   # issue 2's contract
+    assert list(m.columns[:10]) == required and list(m.columns) == streamlb.METRIC_COLUMNS
     assert m[m.operator == "totals"].records.sum() == len(zipf_frame)
     assert set(m[m.operator == "totals"].instance) == set(range(len(client.scheduler_info()["workers"])))
 
