@@ -132,7 +132,7 @@ class Instance:
     """One parallel instance of a stage."""
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
-                 key_groups: int, window: float, credits: int, lazy_step: int = 2) -> None:
+                 key_groups: int, window: float, credits: int, lazy_step: int = 1) -> None:
         self.stage = stage
         self.index = index
         self.job = job

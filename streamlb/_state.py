@@ -273,8 +273,8 @@ class AggregateState:
         if (lo == sh.lo and hi == sh.hi) or ((held >= lo) & (held < hi)).any() or (left and right):
             return None
         mid = _AggShard(self, lo, hi)
-        if sh.index.dtype is not None:
-            mid.index = _KeyIndex(sh.index.dtype, 2 * size)
+        if sh.index.dtype is not None and size:
+            mid.index = _KeyIndex(sh.index.dtype, 2 * size)     # else sized by its first install
         if left:
             pieces = [sh, mid, _AggShard(self, hi, sh.hi)]
             sh.hi = lo
