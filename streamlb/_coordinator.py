@@ -171,6 +171,8 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
             raise MigrationError(f"prepare epoch {epoch} of {op.name} on the {what} owners failed: "
                                  f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
     paused = strategy == "pause"
+    # lazy: routers ask the old owners for moving keys as they route their rows
+    prefetch = {g: int(old.owners[g]) for g in assignment} if strategy == "lazy" else None
     switching = False
     try:
         if paused:
@@ -179,7 +181,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         switching = True
         t_switch = time.time()
         await _gather(f"switching the routers of {op.name} to epoch {epoch}",
-                      [call(*r, "set_table", _target(ctl, op), new) for r in op.routers])
+                      [call(*r, "set_table", _target(ctl, op), new, prefetch) for r in op.routers])
         op.table = new          # the routers route by it now, whatever happens next
         involved = sorted({*incoming, *outgoing})
         status: list[dict] = []

@@ -98,6 +98,7 @@ class _Migration:
         self.installed: set[int] = set()
         self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
         self.keys_asked = _state.KeySet()      # lazy, new owner: keys asked for
+        self.keys_arrived = _state.KeySet()    # lazy, new owner: keys whose state (or none) came
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
         self.aligned_at: float | None = None         # old owner: markers from every router
@@ -203,6 +204,7 @@ class Instance:
             for key_groups_ in [self.key_groups]
         }
         self._xlocks = collections.defaultdict(asyncio.Lock)
+        self._prefetch: dict[int, tuple | None] = {}
         self._gate = asyncio.Event()
         self._gate.set()
         self.outputs = {
@@ -302,7 +304,9 @@ class Instance:
         """Replay on one clock shared by every instance: the event-time span of the whole log
         maps onto the wall time it takes at ``rate``. Each step takes, from every owned file,
         the rows of the next slice of event time (about ``batch_size`` rows for this
-        instance) and emits them, ordered by event time, when the slice ends."""
+        instance) and emits them, ordered by event time, when the slice ends. Instances
+        offset their slice boundaries by ``index / parallelism`` of a slice, so batches from
+        different sources reach an operator spread out, not all at once."""
         st = self.stage
         col = st.event_time
         lo, hi = st.time_range
@@ -312,8 +316,9 @@ class Instance:
         heads = {f: iter(self._file_batches(f)) for f in st.assignment[self.index]}
         bufs: dict[str, pd.DataFrame] = {}
         t = lo
+        first = step * (1 + self.index) / st.parallelism     # the first slice is shorter
         while heads or bufs:
-            t_end = t + step
+            t_end = t + (first if t == lo else step)
             parts = []
             for f in list(heads) + [f for f in bufs if f not in heads]:
                 while True:
@@ -522,14 +527,41 @@ class Instance:
             ) from None
 
     # -- epoch protocol: routers --------------------------------------------------------------
-    async def set_table(self, target: int, table: RoutingTable) -> None:
-        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel."""
+    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None) -> None:
+        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel.
+
+        ``prefetch`` (lazy epochs): key group -> old owner. Routing rows of those groups to
+        their new owners, this router also asks the old owners for their keys' state, so it
+        travels while the rows do."""
         async with self._xlocks[target]:
             self.tables[target] = table
+            self._prefetch[target] = (table.epoch, {int(g): int(o) for g, o in prefetch.items()},
+                                      _state.KeySet()) if prefetch else None
             if target in self._eos_sent_to:
                 return          # end of stream already told these owners: no more records
             for ch in self.outputs[target]:
                 await ch.send("marker", time.time(), table.epoch)
+
+    def _prefetch_keys(self, target: int, keys, groups, dest) -> None:
+        """Lazy: ask old owners for the state of moving keys as their rows leave, once per key."""
+        epoch, old, asked = self._prefetch[target]
+        olds = np.fromiter((old.get(g, -1) for g in groups.tolist()), np.int64, len(groups))
+        moving = olds >= 0
+        if not moving.any():
+            return
+        k, g, o, d = keys[moving], groups[moving], olds[moving], dest[moving]
+        new = asked.lookup(k) < 0
+        k, g, o, d = k[new], g[new], o[new], d[new]
+        first = ~pd.Index(k).duplicated()
+        k, g, o, d = k[first], g[first], o[first], d[first]
+        if not len(k):
+            return
+        asked.slots(k, g, self.key_groups, "key")
+        chans = self.outputs[target]
+        for src in np.unique(o).tolist():
+            for to in np.unique(d[o == src]).tolist():
+                sel = (o == src) & (d == to)
+                self._spawn(chans[src].peer.call("fetch_keys", epoch, to, k[sel]))
 
     async def pause(self) -> None:
         self._gate.clear()
@@ -569,9 +601,17 @@ class Instance:
             return wait
         rows = np.flatnonzero(wait & np.isin(groups, np.asarray(lazy, np.int64)))
         if len(rows):
-            here = self.store.contains(frame[self.stage.key_name].to_numpy()[rows], groups[rows])
-            wait = wait.copy()
-            wait[rows[here]] = False
+            k = frame[self.stage.key_name].to_numpy()[rows]
+            here = self.store.contains(k, groups[rows])
+            for m in {id(m): m for m in self._pending_in.values() if m.strategy == "lazy"}.values():
+                here |= m.keys_arrived.lookup(k) >= 0
+            if here.any():
+                wait = wait.copy()
+                wait[rows[here]] = False
+                for g in np.unique(groups[rows[here]]).tolist():
+                    m = self._pending_in[g]
+                    if m.first_applied is None:
+                        m.first_applied = time.time()    # applied in this very batch
         return wait
 
     def _request_keys(self, frame, groups) -> None:
@@ -702,6 +742,10 @@ class Instance:
     async def _install_keys(self, epoch: int, keys, blob) -> None:
         self.store.install(blob)
         m = self._migs.get(epoch)
+        if m is not None:
+            k = np.asarray(keys)
+            m.keys_arrived.slots(k, assign_to_key_group(k, self.key_groups, name=self.stage.key_name),
+                                 self.key_groups, self.stage.key_name)
         asked = pd.Index(keys)
         await self._release(m, lambda h: h.frame[self.stage.key_name].isin(asked).to_numpy())
 
@@ -714,7 +758,7 @@ class Instance:
         m.installed.update(groups)
         if len(m.installed) == len(m.incoming):
             m.installed_at = time.time()
-            m.keys_asked = _state.KeySet()
+            m.keys_asked, m.keys_arrived = _state.KeySet(), _state.KeySet()
         self._maybe_done(m)
         arrived = np.fromiter(got, np.int64, len(got))
         await self._release(m, lambda h: np.isin(h.groups, arrived))
@@ -858,6 +902,8 @@ class Instance:
             x = x.assign(**{key_name: keys})
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
         dest = self.tables[target].route(groups)
+        if self._prefetch.get(target):
+            self._prefetch_keys(target, keys, groups, dest)
         if len(self.exchanges[target]) > 4 and self.exchanges[target][4]:
             # the balancer's load per key group is counted here, where groups are known
             counts = self._route_counts.get(target)
