@@ -492,6 +492,15 @@ class StatefulMapState:
         self.func = getattr(func, "func", func)   # unwrap UserFunction: one call less per record
         self.key_name = key_name
         self.states: dict = {}
+        self.by_group: dict[int, set] = {}        # key group -> its keys, so a cut is O(moved)
+
+    def _index_keys(self, keys) -> None:
+        """Add keys to ``by_group`` (computing their key groups in one vectorised call)."""
+        if not len(keys):
+            return
+        arr = np.array(keys, dtype=object if isinstance(keys[0], str) else None)
+        for k, g in zip(keys, assign_to_key_group(arr, self.groups, name=self.key_name).tolist()):
+            self.by_group.setdefault(g, set()).add(k)
 
     def update(self, frame: pd.DataFrame) -> list:
         cols = [str(c) for c in frame.columns]
@@ -501,8 +510,9 @@ class StatefulMapState:
                 f"columns {', '.join(cols)}"
             )
         keys = frame[self.key_name].tolist()
-        rows = zip(*[_py_values(frame[c]) for c in frame.columns])
         states, func = self.states, self.func
+        self._index_keys([k for k in dict.fromkeys(keys) if k not in states])
+        rows = zip(*[_py_values(frame[c]) for c in frame.columns])
         outs: list = []
         append = outs.append
         i = -1
@@ -522,21 +532,24 @@ class StatefulMapState:
 
     def cut(self, groups) -> dict:
         """Take the state of the keys in ``groups`` out, as a picklable blob."""
-        if not self.states:
-            return {"states": {}}
-        keys = list(self.states)
-        kg = assign_to_key_group(np.array(keys, dtype=object if isinstance(keys[0], str) else None),
-                                 self.groups, name=self.key_name)
-        moving = np.isin(kg, np.asarray(list(groups)))
-        out = {}
-        for k, m in zip(keys, moving):
-            if m:
-                out[k] = self.states.pop(k)
+        states, out = self.states, {}
+        for g in groups:
+            for k in self.by_group.pop(int(g), ()):
+                if k in states:
+                    out[k] = states.pop(k)
         return {"states": out}
 
     def cut_keys(self, keys, groups=None) -> dict:
-        states = self.states
-        return {"states": {k: states.pop(k) for k in np.asarray(keys).tolist() if k in states}}
+        states, out = self.states, {}
+        keys = np.asarray(keys).tolist()
+        if groups is None:
+            groups = assign_to_key_group(np.array(keys, dtype=object if keys and isinstance(keys[0], str) else None),
+                                         self.groups, name=self.key_name)
+        for k, g in zip(keys, np.asarray(groups).tolist()):
+            if k in states:
+                out[k] = states.pop(k)
+                self.by_group.get(g, set()).discard(k)
+        return {"states": out}
 
     def contains(self, keys, groups=None) -> np.ndarray:
         states = self.states
@@ -546,6 +559,7 @@ class StatefulMapState:
         """Nothing to prepare: states live in one dict."""
 
     def install(self, blob: dict) -> None:
+        self._index_keys([k for k in blob["states"] if k not in self.states])
         self.states.update(blob["states"])
 
     def __len__(self) -> int:
