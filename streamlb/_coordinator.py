@@ -214,6 +214,10 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         "first_moved_record_applied": min(
             (t for i in incoming if (t := by_instance[i]["first_applied"].get(epoch)) is not None), default=None),
     })
+    # recorded: the instances may drop what they kept for this epoch
+    await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners],
+                         *[call(*r, "forget", epoch, _target(ctl, op)) for r in op.routers],
+                         return_exceptions=True)
 
 
 def _target(ctl: JobControl, op: OperatorControl) -> int:

@@ -780,6 +780,17 @@ class Instance:
                 h.fut.set_result(None)
         self._held = keep
 
+    def forget(self, epoch: int, target: int | None = None) -> None:
+        """The coordinator has recorded epoch ``epoch``: drop what was kept for it."""
+        m = self._migs.get(epoch)
+        if m is not None and not any(p is m for p in self._pending_in.values()):
+            del self._migs[epoch]
+        self._marks.pop(epoch, None)
+        self._done_epochs.discard(epoch)
+        pf = self._prefetch.get(target) if target is not None else None
+        if pf is not None and pf[0] == epoch:
+            self._prefetch[target] = None
+
     def epochs(self) -> dict:
         """Epoch progress at this instance, for the coordinator."""
         return {"done": sorted(self._done_epochs), "pending_groups": len(self._pending_in),
