@@ -67,6 +67,7 @@ class OperatorControl:
         self.in_flight = False
         self.last_completed = 0.0
         self.moved_at: dict[int, int] = {}             # key group -> epoch it last moved in
+        self.unsettled: dict[int, tuple[list, list]] = {}   # epoch that timed out -> (groups, instances)
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -122,6 +123,7 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
     async with op.lock:
         op.in_flight = True
         try:
+            await _check_settled(op, call, assignment)
             moving = [(g, to) for g, to in sorted(assignment.items()) if op.table.owners[g] != to]
             step = fluid_step if strategy == "fluid" else max(len(moving), 1)
             for i in range(0, len(moving), step):
@@ -130,6 +132,24 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
             op.in_flight = False
             op.last_completed = time.time()
     return op.table
+
+
+async def _check_settled(op: OperatorControl, call: Call, assignment: dict[int, int]) -> None:
+    """Refuse to move key groups whose state is still on its way from an epoch that timed
+    out (routers switched, state not yet installed): cutting them now could leave state
+    behind. Epochs the instances report done since are settled."""
+    for epoch, (groups, involved) in list(op.unsettled.items()):
+        status = await _gather("epoch status", [call(*op.owners[i], "epochs") for i in involved])
+        if all(epoch in s["done"] for s in status):
+            del op.unsettled[epoch]
+            await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners], return_exceptions=True)
+            continue
+        busy = sorted(set(groups) & set(assignment))
+        if busy:
+            raise MigrationError(
+                f"operator {op.name!r}: key group {busy[0]} is still moving (epoch {epoch} timed out before "
+                "its state was installed); move it again once that epoch completes"
+            )
 
 
 async def _gather(what: str, coros) -> list:
@@ -190,7 +210,11 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
             status[:] = await _gather("epoch status", [call(*peer[i], "epochs") for i in involved])
             return all(epoch in s["done"] for s in status)
 
-        await _until(complete, timeout, f"epoch {epoch} of {op.name} to complete")
+        try:
+            await _until(complete, timeout, f"epoch {epoch} of {op.name} to complete")
+        except MigrationError:
+            op.unsettled[epoch] = (sorted(assignment), involved)
+            raise
     except BaseException:
         if not switching:
             await abort()

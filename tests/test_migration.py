@@ -146,3 +146,30 @@ def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_fram
         job.wait(timeout=120)
         pd.testing.assert_frame_equal(job.state("totals"), zipf_frame.groupby("key").agg(**AGG), check_dtype=False)
         check_running_count(pd.concat(outs), job.state("running"), zipf_frame)
+
+
+def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers, wide_path):
+    """An epoch that times out after the routers switched keeps its state moving; moving its
+    groups again before it lands is refused naming them, and allowed once it has landed.
+    Nothing is lost either way."""
+    import dask
+
+    path, df = wide_path
+    src = Stream.from_parquet(path, batch_size=20_000, rate=1_000_000)
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        time.sleep(0.5)
+        moving = job.routing("n").key_groups_of(0)
+        with dask.config.set({"streamlb.migration.timeout": "1ms"}):
+            with pytest.raises(MigrationError, match="timed out after 0.001s waiting for epoch 1 of n"):
+                job.migrate("n", moving, 1, strategy="all-at-once")
+        assert job.routing("n").epoch == 1                  # the routers did switch
+        with pytest.raises(MigrationError, match=rf"key group {moving[0]} is still moving \(epoch 1 timed out"):
+            job.migrate("n", moving, 2)
+        time.sleep(0.5)                                     # the state lands meanwhile
+        job.migrate("n", moving, 2)
+        job.wait(timeout=120)
+        state = job.state("n")
+        table = job.routing("n")
+    assert state["n"].sum() == len(df) and len(state) == df.key.nunique()
+    assert (table.owners[moving] == 2).all()
