@@ -161,7 +161,6 @@ class Instance:
         self._dead: list[dict] = []
         self._writers: dict[str, object] = {}
         self._written: dict[str, str] = {}
-        self._rr = 0
         self._blocked = 0.0
         self._rows: list[dict] = []
         self._win: _Window | None = None
@@ -215,7 +214,7 @@ class Instance:
         self.exchanges = exchanges     # stage id -> (exchange kind, key, key_name, stage name)
         self._shufflers = {
             t: _shuffle.ShuffleRouter(x[5]["policy"], len(outputs[t]), x[5]["feature"], x[5]["group"])
-            for t, x in exchanges.items() if t in outputs and x[0] == "round_robin" and len(x) > 5 and x[5]
+            for t, x in exchanges.items() if t in outputs and x[0] == "round_robin"
         }
         self._wake = asyncio.Event()
         self.status = "ready"
@@ -863,11 +862,7 @@ class Instance:
         chans = self.outputs[target]
         if kind == "round_robin":
             if len(x):
-                router = self._shufflers.get(target)
-                if router is None:
-                    await chans[self._rr % len(chans)].send("data", emitted, x)
-                    self._rr += 1
-                    return
+                router = self._shufflers[target]      # every round-robin exchange has one
                 for i, piece, cost in router.route(x, name):
                     await chans[i].send("data", emitted, piece,
                                         lambda reply, i=i, cost=cost: router.done(i, cost, reply))
