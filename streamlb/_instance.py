@@ -388,16 +388,21 @@ class Instance:
             yield df
 
     # -- receivers ------------------------------------------------------------------------
-    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        pending = self._in[sender]
-        pending[seq] = (sender, kind, emitted, frame, fut)
-        nxt = self._next[sender]
-        while nxt in pending:
-            self._ready.append(pending.pop(nxt))
+    def _in_order(self, early: dict, nexts: dict, src: int, seq: int, item: tuple, out) -> None:
+        """Put ``item`` (the ``seq``-th from ``src``) on ``out`` once every earlier one is."""
+        early[seq] = item
+        nxt = nexts[src]
+        while nxt in early:
+            out.append(early.pop(nxt))
             nxt += 1
-        self._next[sender] = nxt
+        nexts[src] = nxt
         self._wake.set()
+
+    async def push(self, sender: int, seq: int, kind: str, emitted: float, frame):
+        """A batch (or marker, end of stream) from ``sender``; returns once processed, with
+        this instance's cost sketches now and then (``osg``), else None."""
+        fut = asyncio.get_running_loop().create_future()
+        self._in_order(self._in[sender], self._next, sender, seq, (sender, kind, emitted, frame, fut), self._ready)
         await fut
         if self._sketch is not None and time.time() - self._sketch_sent.get(sender, 0.0) > 0.05:
             self._sketch_sent[sender] = time.time()
@@ -728,14 +733,7 @@ class Instance:
         keys with no state come back empty). Queued ahead of the data in ``seq`` order;
         returns once applied."""
         fut = asyncio.get_running_loop().create_future()
-        early = self._ctl_early[src]
-        early[seq] = (None, kind, 0.0, args, fut)
-        nxt = self._ctl_next[src]
-        while nxt in early:
-            self._ctl.append(early.pop(nxt))
-            nxt += 1
-        self._ctl_next[src] = nxt
-        self._wake.set()
+        self._in_order(self._ctl_early[src], self._ctl_next, src, seq, (None, kind, 0.0, args, fut), self._ctl)
         await fut
 
     async def _install_keys(self, epoch: int, keys, blob) -> None:

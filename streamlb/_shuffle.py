@@ -97,12 +97,15 @@ class ShuffleRouter:
         if reply is not None:
             self.sketches[instance] = reply
 
+    def _merged(self):
+        """Seconds and records summed over every instance's sketch."""
+        return (sum(s for s, _ in self.sketches.values()), sum(c for _, c in self.sketches.values()))
+
     def _estimate(self, values: np.ndarray) -> np.ndarray | None:
         """Seconds per record for each feature value, or None while too little is known."""
         if not self.sketches:
             return None
-        sec = sum(s for s, _ in self.sketches.values())
-        cnt = sum(c for _, c in self.sketches.values())
+        sec, cnt = self._merged()
         if cnt[0].sum() < self.min_records:
             return None
         mean = sec[0].sum() / cnt[0].sum()
@@ -151,8 +154,7 @@ class ShuffleRouter:
     def _unit(self) -> float:
         """Cost of a record while nothing is known: the mean seen so far, else 1."""
         if self.sketches:
-            sec = sum(s for s, _ in self.sketches.values())
-            cnt = sum(c for _, c in self.sketches.values())
+            sec, cnt = self._merged()
             if cnt[0].sum() > 0:
                 return float(sec[0].sum() / cnt[0].sum())
         return 1.0
