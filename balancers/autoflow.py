@@ -42,12 +42,16 @@ class AutoFlowBalancer(Balancer):
         n = report.instances
         if n < 2 or report.group_load.sum() <= 0:
             return []
-        owners = report.owners.copy()
-        gl = report.group_load
-        load = report.instance_load()
-        mean = load.mean()
-        frozen = np.zeros(len(owners), bool)
+        frozen = np.zeros(len(report.owners), bool)
         frozen[list(report.recently_moved)] = True
+        owners = self._level(report.owners.copy(), report.group_load, report.instance_load(), frozen)
+        return group_moves(report.owners, owners)
+
+    def _level(self, owners: np.ndarray, gl: np.ndarray, load: np.ndarray, frozen: np.ndarray) -> np.ndarray:
+        """Hotspot diminishing: move groups (``gl`` their load, ``frozen`` those that stay)
+        from the hottest instance to the coldest while that lowers the maximum; updates
+        ``owners``, ``load`` and ``frozen`` in place and returns ``owners``."""
+        mean = load.mean()
         moved = 0
         while moved < self.max_groups:
             hot = int(np.argmax(load))          # argmax/argmin: lowest index wins ties
@@ -68,4 +72,4 @@ class AutoFlowBalancer(Balancer):
             load[hot] -= gl[g]
             load[cold] += gl[g]
             moved += 1
-        return group_moves(report.owners, owners)
+        return owners

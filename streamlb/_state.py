@@ -250,6 +250,34 @@ class AggregateState:
                 sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in part["tables"].items()})
         self._split_large(list(self.shards), every=True)
 
+    # -- split keys ---------------------------------------------------------------------------
+    def partial(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> dict:
+        """The aggregate of ``frame``'s rows alone, as a blob for :meth:`combine`: what a
+        helper computes for the rows of a split key. Nothing is kept here."""
+        tmp = AggregateState(self.operator, self.spec, self.key_name, self.groups)
+        tmp.dtypes = dict(self.dtypes)
+        tmp.update(frame, groups)
+        sh = tmp.shards[0]
+        every = np.arange(sh.index.n)
+        return {"dtypes": dict(tmp.dtypes),
+                "parts": [{"keys": sh.index.keys[every], "key_groups": sh.index.key_groups[every],
+                           "tables": sh._rows(every)}] if len(every) else []}
+
+    def combine(self, blob: dict) -> list:
+        """Merge partial aggregates into the state held here (counts and sums add, min and
+        max take the extreme); return what it touched, for :meth:`frame`."""
+        for c, dt in blob["dtypes"].items():
+            self.dtypes.setdefault(c, dt)
+        touched = []
+        for part in blob["parts"]:
+            at = self._shard_of[part["key_groups"]]
+            for s in np.unique(at).tolist():
+                sel = at == s
+                sh = self.shards[s]
+                touched.append((sh, sh._put(part["keys"][sel], part["key_groups"][sel],
+                                            {k: v[sel] for k, v in part["tables"].items()})))
+        return touched
+
     def reserve(self, groups) -> None:
         """Make room for incoming key groups ahead of their state: a shard of their own
         where no key held here lies in their range, so installs never rehash or split the

@@ -15,6 +15,15 @@ Examples
 [80.0, 20.0]
 >>> apply_plan(report.owners, [Move((1,), 0, 1)]).tolist()
 [0, 1, 1, 1]
+
+A key that alone outweighs an instance's share can only be split: its records then spread
+over its home (the owner of its key group) and helpers, each keeping a partial aggregate.
+
+>>> hot = LoadReport(operator="totals", owners=np.array([0, 0, 1, 1]),
+...                  group_load=np.array([90.0, 0.0, 10.0, 0.0]), instances=2,
+...                  hot_keys=(("k", 0, 80.0),), splits=(("k", (1,)),), splittable=True)
+>>> hot.instance_load().tolist()
+[50.0, 50.0]
 """
 from __future__ import annotations
 
@@ -25,8 +34,8 @@ from importlib.metadata import entry_points
 
 import numpy as np
 
-__all__ = ["Balancer", "LoadReport", "Move", "apply_plan", "get_balancer", "available_balancers",
-           "check_plan"]
+__all__ = ["Balancer", "LoadReport", "Move", "Split", "apply_plan", "get_balancer", "available_balancers",
+           "check_plan", "splits_after"]
 
 GROUP = "streamlb.balancers"
 
@@ -41,6 +50,24 @@ class Move:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key_groups", tuple(int(g) for g in self.key_groups))
+
+
+@dataclass(frozen=True)
+class Split:
+    """Spread the records of hot ``key`` over its home instance (the owner of its key
+    group) and ``helpers``; with no helpers, merge the key back onto its home.
+
+    Only combinable state can be split (``aggregate``: count, sum, min, max, mean); a
+    report says so in ``splittable``.
+    """
+
+    key: object
+    helpers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        key = self.key.item() if isinstance(self.key, np.generic) else self.key
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "helpers", tuple(int(h) for h in self.helpers))
 
 
 @dataclass(frozen=True)
@@ -65,6 +92,13 @@ class LoadReport:
         Per instance, as measured (zeros where unknown).
     recently_moved : frozenset of int
         Key groups moved in the last few epochs, for hysteresis.
+    hot_keys : tuple of (key, key group, load)
+        The heaviest keys in the window, by decreasing load (counted by the routers in
+        bounded memory; empty unless the balancer sets ``wants_hot_keys``).
+    splits : tuple of (key, helpers)
+        Keys split now, each with the instances helping its home.
+    splittable : bool
+        Whether the operator's state is combinable, so that keys may be split.
     """
 
     operator: str
@@ -77,6 +111,9 @@ class LoadReport:
     busy_seconds: np.ndarray = field(default=None)
     queued_batches: np.ndarray = field(default=None)
     recently_moved: frozenset = frozenset()
+    hot_keys: tuple = ()
+    splits: tuple = ()
+    splittable: bool = False
 
     def __post_init__(self) -> None:
         owners = np.asarray(self.owners, dtype=np.int64)
@@ -104,14 +141,40 @@ class LoadReport:
             v.setflags(write=False)
             object.__setattr__(self, name, v)
         object.__setattr__(self, "recently_moved", frozenset(int(g) for g in self.recently_moved))
+        hot = []
+        for item in self.hot_keys:
+            key, g, load_ = item
+            if not 0 <= int(g) < len(owners) or not float(load_) >= 0:
+                raise ValueError(f"load report for {self.operator!r}: hot key {key!r} has key group {g!r} "
+                                 f"(valid 0..{len(owners) - 1}) and load {load_!r} (must be >= 0)")
+            hot.append((key.item() if isinstance(key, np.generic) else key, int(g), float(load_)))
+        object.__setattr__(self, "hot_keys", tuple(hot))
+        object.__setattr__(self, "splits", tuple((k, tuple(int(h) for h in hs)) for k, hs in self.splits))
 
     @property
     def key_groups(self) -> int:
         return len(self.owners)
 
-    def instance_load(self) -> np.ndarray:
-        """Load per instance: the sum of its key groups' load."""
-        return np.bincount(self.owners, weights=self.group_load, minlength=self.instances)
+    def instance_load(self, owners: np.ndarray | None = None, splits: dict | None = None) -> np.ndarray:
+        """Load per instance: the sum of its key groups' load, a split key's load shared
+        equally by its home and helpers (with ``owners``/``splits`` instead of the
+        report's own, to weigh a plan)."""
+        owners = self.owners if owners is None else owners
+        splits = dict(self.splits) if splits is None else splits
+        load = np.bincount(owners, weights=self.group_load, minlength=self.instances)
+        if splits:
+            hot = {k: (g, w) for k, g, w in self.hot_keys}
+            for key, helpers in splits.items():
+                if key in hot and helpers:
+                    g, w = hot[key]
+                    share = w / (1 + len(helpers))
+                    load[owners[g]] -= w - share
+                    load[list(helpers)] += share
+        return load
+
+    def hot_group(self, key) -> int | None:
+        """Key group of a key in ``hot_keys``, else None."""
+        return next((g for k, g, _ in self.hot_keys if k == key), None)
 
     def imbalance(self) -> float:
         """max / mean instance load (1.0 is perfect; 1.0 when there is no load)."""
@@ -129,10 +192,15 @@ class Balancer(abc.ABC):
         """The moves to make now; ``[]`` for none."""
 
 
-def apply_plan(owners: np.ndarray, plan: list[Move]) -> np.ndarray:
-    """The routing table after ``plan``; raise ValueError for a move that does not fit."""
+def apply_plan(owners: np.ndarray, plan: list) -> np.ndarray:
+    """The routing table after the moves of ``plan``; raise ValueError for a move that does
+    not fit (splits do not change ownership)."""
     out = np.array(owners, dtype=np.int64, copy=True)
     for mv in plan:
+        if isinstance(mv, Split):
+            continue
+        if not isinstance(mv, Move):
+            raise ValueError(f"a plan holds Move and Split items, not {type(mv).__name__} {mv!r}")
         for g in mv.key_groups:
             if not 0 <= g < len(out):
                 raise ValueError(f"move {mv}: key group {g} is outside 0..{len(out) - 1}")
@@ -142,15 +210,54 @@ def apply_plan(owners: np.ndarray, plan: list[Move]) -> np.ndarray:
     return out
 
 
-def check_plan(report: LoadReport, plan: list[Move]) -> np.ndarray:
-    """Validate ``plan`` against ``report``; return the new owners."""
+def check_plan(report: LoadReport, plan: list) -> np.ndarray:
+    """Validate ``plan`` against ``report``; return the new owners.
+
+    A plan is carried out in this order: merges back (``Split`` with no helpers), moves,
+    then splits. So a key group may not move while a key in it stays split, and a split's
+    helpers must differ from its home after the moves.
+    """
     for mv in plan:
-        for inst in (mv.from_instance, mv.to_instance):
-            if not 0 <= inst < report.instances:
-                raise ValueError(
-                    f"move {mv} names instance {inst}; {report.operator!r} has instances 0..{report.instances - 1}"
-                )
-    return apply_plan(report.owners, plan)
+        if isinstance(mv, Move):
+            for inst in (mv.from_instance, mv.to_instance):
+                if not 0 <= inst < report.instances:
+                    raise ValueError(f"move {mv} names instance {inst}; {report.operator!r} has instances "
+                                     f"0..{report.instances - 1}")
+    owners = apply_plan(report.owners, plan)
+    splits = [sp for sp in plan if isinstance(sp, Split)]
+    merged = {sp.key for sp in splits if not sp.helpers}
+    for key in dict(report.splits):
+        g = report.hot_group(key)
+        if key not in merged and g is not None and owners[g] != report.owners[g]:
+            raise ValueError(f"key group {g} of {report.operator!r} holds split key {key!r}: merge the key "
+                             "back before moving its group")
+    if splits and not report.splittable:
+        raise ValueError(f"{report.operator!r} keeps state that is not combinable (stateful_map); its keys "
+                         f"cannot be split ({splits[0]})")
+    for sp in splits:
+        if not sp.helpers:
+            continue
+        g = report.hot_group(sp.key)
+        if g is None:
+            raise ValueError(f"split of key {sp.key!r}: not among the report's hot keys, so its key group "
+                             "is unknown")
+        bad = [h for h in sp.helpers if not 0 <= h < report.instances or h == owners[g]]
+        if bad or len(set(sp.helpers)) != len(sp.helpers):
+            raise ValueError(f"split {sp}: helpers must be distinct instances in 0..{report.instances - 1} "
+                             f"other than the key's home {int(owners[g])}")
+    return owners
+
+
+def splits_after(report: LoadReport, plan: list) -> dict:
+    """Split key -> helpers once ``plan`` is carried out."""
+    out = dict(report.splits)
+    for sp in plan:
+        if isinstance(sp, Split):
+            if sp.helpers:
+                out[sp.key] = sp.helpers
+            else:
+                out.pop(sp.key, None)
+    return out
 
 
 def group_moves(old: np.ndarray, new: np.ndarray) -> list[Move]:

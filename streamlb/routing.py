@@ -21,11 +21,21 @@ class RoutingTable:
     ([0, 0, 0, 0, 1, 1, 1, 1], 0)
     >>> t.route(np.array([0, 5, 7])).tolist()
     [0, 1, 1]
+
+    A split key's rows are spread over its home (the owner of its key group) and helpers:
+
+    >>> s = RoutingTable(t.owners, 2, 1, splits=((7, (1,)),))
+    >>> dest, partial = s.spread(np.array([7, 3, 7, 7]), np.array([0, 5, 0, 0]), 0)
+    >>> dest.tolist(), partial.tolist()
+    ([0, 1, 1, 0], [False, False, True, False])
     """
 
     owners: np.ndarray = field(repr=False)
     parallelism: int
     epoch: int = 0
+    #: ``((key, (helper, ...)), ...)``: hot keys of a combinable aggregate whose rows are
+    #: spread over their home instance and these helpers (see docs/splitting.md)
+    splits: tuple = ()
 
     def __post_init__(self) -> None:
         owners = np.asarray(self.owners, dtype=np.int64)
@@ -38,6 +48,17 @@ class RoutingTable:
             )
         owners.setflags(write=False)
         object.__setattr__(self, "owners", owners)
+        splits = []
+        for key, helpers in self.splits:
+            helpers = tuple(int(h) for h in helpers)
+            bad = [h for h in helpers if not 0 <= h < self.parallelism]
+            if bad or len(set(helpers)) != len(helpers) or not helpers:
+                raise ValueError(
+                    f"split key {key!r}: helpers {helpers} must be distinct instances in "
+                    f"0..{self.parallelism - 1}, at least one"
+                )
+            splits.append((_plain(key), helpers))
+        object.__setattr__(self, "splits", tuple(splits))
 
     @classmethod
     def initial(cls, key_groups: int, parallelism: int) -> RoutingTable:
@@ -59,3 +80,39 @@ class RoutingTable:
     def key_groups_of(self, instance: int) -> np.ndarray:
         """Key groups that ``instance`` owns."""
         return np.flatnonzero(self.owners == instance)
+
+    def split_map(self) -> dict:
+        """Split key -> its helpers."""
+        return dict(self.splits)
+
+    def spread(self, keys: np.ndarray, groups: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """Destination of each row, and which rows go to a helper as partial records.
+
+        The rows of a split key go in turn to its home and each helper, starting at
+        ``offset`` (a router's running count, so small batches still spread evenly).
+        """
+        dest = self.owners[groups]
+        partial = np.zeros(len(dest), bool)
+        if not self.splits or not len(keys):
+            return dest, partial
+        import pandas as pd
+
+        try:
+            which = pd.Index([k for k, _ in self.splits]).get_indexer(keys)
+        except (TypeError, ValueError):
+            return dest, partial        # keys of another type: none is split
+        rows = np.flatnonzero(which >= 0)
+        for j, (_, helpers) in enumerate(self.splits):
+            r = rows[which[rows] == j]
+            if not len(r):
+                continue
+            choices = np.array((int(dest[r[0]]),) + helpers, np.int64)
+            pick = (offset + np.arange(len(r))) % len(choices)
+            dest[r] = choices[pick]
+            partial[r] = pick > 0
+        return dest, partial
+
+
+def _plain(key):
+    """A numpy scalar key as the Python value it equals (picklable, msgpack-able)."""
+    return key.item() if isinstance(key, np.generic) else key

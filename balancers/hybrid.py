@@ -1,0 +1,106 @@
+"""``hybrid``: move key groups where that suffices, split the keys that moving cannot balance."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamlb.balancer import LoadReport, Split, group_moves
+
+from .autoflow import AutoFlowBalancer
+
+
+class HybridBalancer(AutoFlowBalancer):
+    """Split hot keys of combinable aggregates, then level the rest by moving key groups.
+
+    A key whose load alone exceeds ``split_at`` × the mean instance load cannot be balanced
+    by moving its key group: it is split over ``d = ceil(load / (piece × mean))``
+    instances, its home and the ``d - 1`` coldest others, so each share is at most
+    ``piece`` × the mean. A split key grows more helpers when its load grows, and is merged
+    back once its load falls under ``merge_below`` × the mean (hysteresis: it is not split
+    again until it passes ``split_at``). Then, as ``autoflow``, while some instance is above
+    the mean by more than ``threshold``, the key group whose move from the hottest
+    instance to the coldest lowers the maximum most is moved. Groups holding a split key
+    stay where they are.
+
+    Operators whose state is not combinable (``stateful_map``) only get moves.
+
+    Parameters
+    ----------
+    threshold : float
+        Relative excess over the mean tolerated before moving (default 0.02).
+    max_groups : int
+        At most this many key groups moved per plan (default 64).
+    split_at, piece, merge_below : float
+        In units of the mean instance load (defaults 0.9, 0.8, 0.4).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> r = LoadReport("op", np.array([0, 0, 1, 1]), np.array([80.0, 10.0, 5.0, 5.0]), 2,
+    ...                hot_keys=(("k", 0, 75.0),), splittable=True)
+    >>> HybridBalancer().plan(r)
+    [Split(key='k', helpers=(1,))]
+    """
+
+    name = "hybrid"
+    wants_hot_keys = True
+
+    def __init__(self, threshold: float = 0.02, max_groups: int = 64, split_at: float = 0.9,
+                 piece: float = 0.8, merge_below: float = 0.4) -> None:
+        super().__init__(threshold, max_groups)
+        if not 0 < merge_below < split_at or not 0 < piece <= split_at:
+            raise ValueError("hybrid: need 0 < merge_below < split_at and 0 < piece <= split_at, got "
+                             f"merge_below={merge_below!r}, piece={piece!r}, split_at={split_at!r}")
+        self.split_at = split_at
+        self.piece = piece
+        self.merge_below = merge_below
+
+    def plan(self, report: LoadReport) -> list:
+        n = report.instances
+        total = float(report.group_load.sum())
+        current = dict(report.splits)
+        if n < 2 or total <= 0:
+            return [Split(k) for k in current]
+        mean = total / n
+        owners = report.owners.copy()
+        hot = {k: (g, w) for k, g, w in report.hot_keys}
+        ways = self._ways(report, hot, current, mean) if report.splittable else {k: 1 for k in current}
+        # what each group weighs on its owner once its split keys are shared out
+        gl = report.group_load.astype(np.float64).copy()
+        pinned = np.zeros(len(owners), bool)
+        for k, d in ways.items():
+            if d > 1 and k in hot:
+                g, w = hot[k]
+                gl[g] -= w * (1 - 1 / d)
+                pinned[g] = True
+        load = np.bincount(owners, weights=gl, minlength=n)
+        helpers: dict = {}
+        for k in sorted((k for k, d in ways.items() if d > 1), key=lambda k: -hot[k][1]):
+            g, w = hot[k]
+            keep = [h for h in current.get(k, ()) if h != owners[g]][: ways[k] - 1]
+            while len(keep) < ways[k] - 1:
+                free = np.flatnonzero(~np.isin(np.arange(n), keep + [int(owners[g])]))
+                keep.append(int(free[np.argmin(load[free])]))
+            load[keep] += w / ways[k]
+            helpers[k] = tuple(keep)
+        frozen = pinned
+        frozen[list(report.recently_moved)] = True
+        owners = self._level(owners, gl, load, frozen)
+        merges = [Split(k) for k, d in ways.items() if d == 1 and k in current]
+        splits = [Split(k, hs) for k, hs in helpers.items() if tuple(current.get(k, ())) != hs]
+        return merges + group_moves(report.owners, owners) + splits
+
+    def _ways(self, report: LoadReport, hot: dict, current: dict, mean: float) -> dict:
+        """Instances each hot or split key is spread over (1: not split)."""
+        ways = {}
+        for k, (g, w) in hot.items():
+            now = 1 + len(current.get(k, ()))
+            want = min(report.instances, max(1, math.ceil(w / (self.piece * mean))))
+            if k in current:
+                ways[k] = 1 if w < self.merge_below * mean else max(now, want)
+            elif w > self.split_at * mean:
+                ways[k] = want
+        for k in current:
+            ways.setdefault(k, 1)        # no longer among the hot keys: cooled down
+        return {k: d for k, d in ways.items() if d > 1 or k in current}
