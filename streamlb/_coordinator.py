@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from .exceptions import MigrationError
+from .keygroups import assign_to_key_group
 from .routing import RoutingTable
 
 STRATEGIES = ("all-at-once", "fluid", "lazy", "pause")
@@ -59,8 +60,9 @@ def _unwrap(x):
 class OperatorControl:
     """Routing state of one keyed operator."""
 
-    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable) -> None:
+    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate") -> None:
         self.name = name
+        self.kind = kind
         self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
         self.routers = [tuple(p) for p in routers]
         self.table = table
@@ -87,7 +89,8 @@ class JobControl:
         self.instances = [tuple(p) for p in topology["instances"]]
         self.operators = {
             name: OperatorControl(name, op["owners"], op["routers"],
-                                  RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])))
+                                  RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])),
+                                  op.get("kind", "aggregate"))
             for name, op in topology["operators"].items()
         }
         self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
@@ -125,6 +128,14 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
         try:
             await _check_settled(op, call, assignment)
             moving = [(g, to) for g, to in sorted(assignment.items()) if op.table.owners[g] != to]
+            for key, helpers in op.table.splits:
+                g = key_group_of(key, op.table.key_groups)
+                if g in dict(moving):
+                    raise MigrationError(
+                        f"operator {op.name!r}: key group {g} holds key {key!r}, split over instances "
+                        f"{[int(op.table.owners[g]), *helpers]}; merge it back (Job.split(..., helpers=[])) "
+                        "before moving its group"
+                    )
             step = fluid_step if strategy == "fluid" else max(len(moving), 1)
             for i in range(0, len(moving), step):
                 await _epoch(ctl, call, op, dict(moving[i:i + step]), strategy, timeout)
@@ -165,7 +176,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
     owners = old.owners.copy()
     for g, to in assignment.items():
         owners[g] = to
-    new = RoutingTable(owners, old.parallelism, old.epoch + 1)
+    new = RoutingTable(owners, old.parallelism, old.epoch + 1, splits=old.splits)
     epoch = new.epoch
     outgoing: dict[int, dict[int, list[int]]] = {}
     incoming: dict[int, dict[int, int]] = {}
@@ -242,6 +253,88 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
     await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners],
                          *[call(*r, "forget", epoch, _target(ctl, op)) for r in op.routers],
                          return_exceptions=True)
+
+
+def key_group_of(key, key_groups: int) -> int:
+    return int(assign_to_key_group(np.asarray([key]), key_groups)[0])
+
+
+async def split(ctl: JobControl, call: Call, operator: str, changes: dict, *, timeout: float) -> RoutingTable:
+    """Spread each key of ``changes`` over its home and the helpers given (none: merge the
+    key back onto its home), in one epoch.
+
+    Routers switch to the new table at a batch boundary and put the epoch's marker on every
+    channel. A helper that stops helping with a key finishes the epoch once it holds the
+    marker from every router and every partial it sent the home is merged there; new
+    helpers need nothing (they hold no state).
+    """
+    op = ctl.operator(operator)
+    if op.kind != "aggregate":
+        raise MigrationError(
+            f"operator {operator!r} is a {op.kind}: its state is not combinable, so its keys cannot be split; "
+            "only aggregate (count, sum, min, max, mean) keys can"
+        )
+    async with op.lock:
+        op.in_flight = True
+        try:
+            return await _split_epoch(ctl, call, op, changes, timeout)
+        finally:
+            op.in_flight = False
+            op.last_completed = time.time()
+
+
+async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes: dict, timeout: float):
+    old = op.table
+    n = old.parallelism
+    splits = dict(old.splits)
+    flush: dict[int, set[int]] = {}           # helper leaving keys -> their homes
+    for key, helpers in changes.items():
+        g = key_group_of(key, old.key_groups)
+        home = int(old.owners[g])
+        helpers = tuple(int(h) for h in helpers)
+        bad = [h for h in helpers if not 0 <= h < n or h == home]
+        if bad or len(set(helpers)) != len(helpers):
+            raise MigrationError(
+                f"operator {op.name!r}: cannot split key {key!r} over helpers {list(helpers)}; helpers are distinct "
+                f"instances in 0..{n - 1} other than the key's home {home} (owner of key group {g})"
+            )
+        if any(g in groups for groups, _ in op.unsettled.values()):
+            raise MigrationError(f"operator {op.name!r}: key group {g} of key {key!r} is still moving; split it "
+                                 "once that epoch completes")
+        for h in set(splits.get(key, ())) - set(helpers):
+            flush.setdefault(h, set()).add(home)
+        if helpers:
+            splits[key] = helpers
+        else:
+            splits.pop(key, None)
+    new = RoutingTable(old.owners, n, old.epoch + 1, splits=tuple(splits.items()))
+    epoch = new.epoch
+    t0 = time.time()
+    results = await asyncio.gather(*[call(*op.owners[h], "prepare", epoch, "split", {}, {}, sorted(homes))
+                                     for h, homes in flush.items()], return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*[call(*op.owners[h], "abort", epoch) for h in flush], return_exceptions=True)
+        raise MigrationError(f"prepare split epoch {epoch} of {op.name}: {type(failed[0]).__name__}: {failed[0]}")
+    await _gather(f"switching the routers of {op.name} to epoch {epoch}",
+                  [call(*r, "set_table", _target(ctl, op), new, None) for r in op.routers])
+    op.table = new
+
+    async def flushed() -> bool:
+        status = await _gather("epoch status", [call(*op.owners[h], "epochs") for h in flush])
+        return all(epoch in s["done"] for s in status)
+
+    await _until(flushed, timeout, f"split epoch {epoch} of {op.name} to complete")
+    ctl.history.append({
+        "operator": op.name, "epoch": epoch, "strategy": "split", "key_groups": [],
+        "splits": [[k, list(h)] for k, h in changes.items()], "from": sorted(flush), "to": [],
+        "started": t0, "completed": time.time(), "applied_while_waiting": 0, "routers_switched": t0,
+        "aligned": None, "installed": None, "first_moved_record_applied": None,
+    })
+    await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners],
+                         *[call(*r, "forget", epoch, _target(ctl, op)) for r in op.routers],
+                         return_exceptions=True)
+    return new
 
 
 def _target(ctl: JobControl, op: OperatorControl) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import _shuffle, _state
+from .hotkeys import SpaceSaving
 from .exceptions import PipelineError, StreamlbError, UserFunctionError
 from .keygroups import assign_to_key_group
 from .nodes import describe
@@ -96,6 +97,8 @@ class _Migration:
         self.aligned = False
         self.sent: set[int] = set()
         self.installed: set[int] = set()
+        self.flush_to: set[int] = set()        # split keys leaving this helper: their homes
+        self.flushed = False
         self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
         self.keys_asked = _state.KeySet()      # lazy, new owner: keys asked for
         self.keys_arrived = _state.KeySet()    # lazy, new owner: keys whose state (or none) came
@@ -176,6 +179,10 @@ class Instance:
         self._done_epochs: set[int] = set()
         self._finishing = False
         self._mig_tasks: set = set()
+        # split keys: partial aggregates go to the key's home; the home finishes only once
+        # every sibling said it sends no more (``peer_eos``)
+        self._peer_eos: set[int] = set()
+        self._spread_at: dict[int, int] = collections.defaultdict(int)
         shuffle = stage.shuffle or {}
         self._sketch = _shuffle.CostSketch() if shuffle.get("policy") == "osg" else None
         self._sketch_sent: dict[int, float] = {}
@@ -204,6 +211,10 @@ class Instance:
         }
         self._xlocks = collections.defaultdict(asyncio.Lock)
         self._prefetch: dict[int, tuple | None] = {}
+        self._combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
+        # exchange[6]: counters of the heavy-hitter sketch, for balancers that split keys
+        self._hot = {t: SpaceSaving(int(x[6]))
+                     for t, x in exchanges.items() if t in outputs and len(x) > 6 and x[6] and x[0] == "keyed"}
         self._gate = asyncio.Event()
         self._gate.set()
         self.outputs = {
@@ -422,6 +433,14 @@ class Instance:
             try:
                 if kind == "data":
                     held = await self._apply(frame, emitted, fut)
+                elif kind == "mixed":
+                    own, partials = frame
+                    await self._apply_partials(partials, emitted)
+                    held = await self._apply(own, emitted, fut) if len(own) else False
+                elif kind == "combine":
+                    await self._combine(*frame)
+                elif kind == "peer_eos":
+                    self._peer_eos.add(frame)
                 elif kind == "marker":
                     self._marks[frame].add(sender)
                     self._check_alignment()
@@ -434,12 +453,15 @@ class Instance:
                     self._check_alignment()
                     if len(self._eos_from) == self.upstream_instances:
                         self._finishing = True
-                if self._finishing and not self._pending_in:
-                    await self._finish()
-                    return
+                        self._tell_peers_eos()
             finally:
                 if not held and fut is not None and not fut.done():
                     fut.set_result(None)
+            # the item's sender is released first: two owners finishing at once each wait
+            # for the other to take their last message
+            if self._finishing and not self._pending_in and self._peers_through():
+                await self._finish()
+                return
 
     async def _apply(self, frame, emitted, fut=None, groups=None, release=False) -> bool:
         """Apply a batch; rows of key groups whose state is still on its way are held back
@@ -482,9 +504,7 @@ class Instance:
             return held
         else:
             out = frame
-        if st.cost is not None and n:
-            # the emulated cost is the batch's service time: real work done counts towards it
-            await asyncio.sleep(max(self._cost_of(frame, n) - (time.perf_counter() - t1), 0.0))
+        await self._emulate_cost(self._cost_of(frame, n), t1)
         applied = time.time()
         if out is not None:
             await self._run_steps(st.children, out, emitted)
@@ -495,6 +515,55 @@ class Instance:
                 m.applied_while_waiting += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
         return held
+
+    async def _emulate_cost(self, seconds: float, t1: float) -> None:
+        if seconds > 0:
+            # the emulated cost is the batch's service time: real work done counts towards it
+            await asyncio.sleep(max(seconds - (time.perf_counter() - t1), 0.0))
+
+    # -- split keys ------------------------------------------------------------------------------
+    async def _apply_partials(self, partials: list, emitted: float) -> None:
+        """Helper: aggregate the rows of split keys routed here, ``[(home, rows)...]``, and
+        send each home its partial aggregate. Nothing is kept here, so the key's state
+        stays whole at its home, and so does what the home emits."""
+        st = self.stage
+        self._blocked = 0.0
+        t1 = time.perf_counter()
+        n, secs = 0, 0.0
+        for home, rows in partials:
+            rows, bad = self.store.clean(rows)
+            if bad:
+                self._dead_letter(st.name, *bad)
+            if len(rows):
+                n += len(rows)
+                secs += self._cost_of(rows, len(rows))
+                self._spawn(self._send_state(home, "combine", (self.store.partial(rows), emitted)))
+        await self._emulate_cost(secs, t1)
+        self.records_in += n
+        self._account(n, time.perf_counter() - t1 - self._blocked, (time.time() - emitted) * 1e3)
+
+    async def _combine(self, blob: dict, emitted: float) -> None:
+        """Home: merge a helper's partial aggregate and emit the keys' whole values."""
+        touched = self.store.combine(blob)
+        if self.stage.children:
+            await self._run_steps(self.stage.children, self.store.frame(touched), emitted)
+
+    def _tell_peers_eos(self) -> None:
+        if self._combines:
+            for j in range(len(self.siblings)):
+                if j != self.index:     # numbered after every partial sent to j
+                    self._spawn(self._send_state(j, "peer_eos", self.index))
+
+    def _peers_through(self) -> bool:
+        return not self._combines or len(self._peer_eos) == len(self.siblings) - 1
+
+    async def _flush(self, m: "_Migration") -> None:
+        """A split key leaves this helper: once every partial sent to its home before the
+        switch is merged there (installs are in order: a barrier behind them), the epoch
+        is through here."""
+        await asyncio.gather(*[self._send_state(h, "barrier", m.epoch) for h in sorted(m.flush_to)])
+        m.flushed = True
+        self._maybe_done(m)
 
     async def _apply_by_feature(self, frame, emitted: float) -> None:
         """osg: run the stage on each feature value's rows in turn, timing each, so the
@@ -509,8 +578,7 @@ class Instance:
             part = frame.iloc[order[bounds[u]:bounds[u + 1]]]
             t1 = time.perf_counter()
             self._blocked = 0.0
-            if st.cost is not None:
-                await asyncio.sleep(max(self._cost_of(part, len(part)) - (time.perf_counter() - t1), 0.0))
+            await self._emulate_cost(self._cost_of(part, len(part)), t1)
             applied = time.time()
             await self._run_steps(st.children, part, emitted)
             busy = time.perf_counter() - t1 - self._blocked
@@ -520,6 +588,8 @@ class Instance:
 
     def _cost_of(self, frame, n: int) -> float:
         cost = self.stage.cost
+        if cost is None or not n:
+            return 0.0
         if isinstance(cost, float):
             return cost * n
         try:
@@ -580,9 +650,10 @@ class Instance:
 
     # -- epoch protocol: owners ----------------------------------------------------------------
     async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
-                      incoming: dict[int, int]) -> None:
+                      incoming: dict[int, int], flush: list[int] = ()) -> None:
         """Be told ahead what epoch ``epoch`` moves: ``outgoing`` new owner -> key groups,
-        ``incoming`` key group -> old owner."""
+        ``incoming`` key group -> old owner; ``flush``: homes of split keys this instance
+        stops helping with."""
         if self._finishing or self.status in ("done", "failed", "stopped"):
             # the stream has ended here: state arriving later would never be applied
             state = self.status if self.status != "running" else "finishing"
@@ -591,6 +662,7 @@ class Instance:
         self._migs[epoch] = m
         m.outgoing.update({g: to for to, gs in outgoing.items() for g in gs})
         m.incoming.update(incoming)
+        m.flush_to.update(int(h) for h in flush)
         for g in incoming:
             self._pending_in[g] = m
         if incoming:
@@ -652,12 +724,16 @@ class Instance:
 
     def _check_alignment(self) -> None:
         for m in self._migs.values():
-            if m.aligned or not m.outgoing:
+            if m.aligned or not (m.outgoing or m.flush_to):
                 continue
             if len(self._marks[m.epoch] | self._eos_from) == self.upstream_instances:
                 # no epoch-(e-1) record of the outgoing groups can arrive any more
                 m.aligned = True
                 m.aligned_at = time.time()
+                if m.flush_to:
+                    self._spawn(self._flush(m))
+                if not m.outgoing:
+                    continue
                 if m.strategy == "lazy":
                     self._spawn(self._drain_lazy(m))
                 else:
@@ -710,7 +786,8 @@ class Instance:
 
     def _maybe_done(self, m: "_Migration") -> None:
         # an owner may give and take key groups in the same epoch: both sides must be through
-        if len(m.sent) == len(m.outgoing) and len(m.installed) == len(m.incoming):
+        if (len(m.sent) == len(m.outgoing) and len(m.installed) == len(m.incoming)
+                and (m.flushed or not m.flush_to)):
             self._done_epochs.add(m.epoch)
 
     async def _drain_lazy(self, m: "_Migration") -> None:
@@ -905,7 +982,18 @@ class Instance:
             keys = keys.astype(np.int64)     # an int column that held nulls, now removed
             x = x.assign(**{key_name: keys})
         groups = assign_to_key_group(keys, self.key_groups, name=key_name)
-        dest = self.tables[target].route(groups)
+        table = self.tables[target]
+        partial = None
+        if table.splits:
+            dest, partial = table.spread(keys, groups, self._spread_at[target])
+            self._spread_at[target] += len(keys)
+            if not partial.any():
+                partial = None
+        else:
+            dest = table.route(groups)
+        hot = self._hot.get(target)
+        if hot is not None:
+            hot.add(keys)
         if self._prefetch.get(target):
             self._prefetch_keys(target, keys, groups, dest)
         if len(self.exchanges[target]) > 4 and self.exchanges[target][4]:
@@ -918,6 +1006,13 @@ class Instance:
             await chans[0].send("data", emitted, x)
             return
         for i, ch in enumerate(chans):
+            if partial is not None and (part := np.flatnonzero((dest == i) & partial)).size:
+                # rows of split keys this helper aggregates for their homes
+                homes = table.owners[groups[part]]
+                own = x.take(np.flatnonzero((dest == i) & ~partial))
+                partials = [(h, x.take(part[homes == h])) for h in np.unique(homes).tolist()]
+                await ch.send("mixed", emitted, (own, partials))
+                continue
             idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
             if len(idx):
                 await ch.send("data", emitted, x.take(idx))
@@ -1031,8 +1126,11 @@ class Instance:
                 "op": "streamlb-load", "kind": "router", "job": self.job, "operator": self.exchanges[target][3],
                 "instance": self.index, "window_start": w.start, "window": self.window,
                 "groups": nz.tolist(), "counts": counts[nz].tolist(), "final": final,
+                "hot": [[k, c] for k, c, _ in self._hot[target].top()] if target in self._hot else None,
             })
             counts[:] = 0
+            if target in self._hot:
+                self._hot[target].clear()
         self._win = _Window(self._window_start(now)) if self.status != "done" else None
 
     async def _ticker(self) -> None:

@@ -30,8 +30,8 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import config
-from ._coordinator import JobControl, actor_call, check_strategy, migrate
-from .balancer import LoadReport, check_plan, get_balancer
+from ._coordinator import JobControl, actor_call, check_strategy, key_group_of, migrate, split
+from .balancer import LoadReport, Move, Split, check_plan, get_balancer
 
 __all__ = ["BalancerPlugin", "dask_setup"]
 
@@ -93,6 +93,7 @@ class BalancerPlugin(SchedulerPlugin):
             "streamlb_register_job": self.register_job,
             "streamlb_unregister_job": self.unregister_job,
             "streamlb_migrate": self.migrate_handler,
+            "streamlb_split": self.split_handler,
             "streamlb_routing": self.routing_handler,
             "streamlb_history": self.history_handler,
             "streamlb_state": self.state_handler,
@@ -142,11 +143,17 @@ class BalancerPlugin(SchedulerPlugin):
             j.control.validate(operator, [g], to)
         table = await self._migrate(j, operator, {int(g): int(to) for g, to in assignment},
                                     check_strategy(strategy or j.migration))
-        return {"owners": table.owners.tolist(), "epoch": table.epoch}
+        return _table_state(table)
+
+    async def split_handler(self, job: str, operator: str, changes: list) -> dict:
+        """Manual splits (``Job.split``): ``changes`` is [[key, [helper...]]...]."""
+        j = self._job(job)
+        table = await split(j.control, self._call, operator, {k: tuple(h) for k, h in changes},
+                            timeout=config.seconds("migration.timeout"))
+        return _table_state(table)
 
     def routing_handler(self, job: str, operator: str) -> dict:
-        t = self._job(job).control.operator(operator).table
-        return {"owners": t.owners.tolist(), "epoch": t.epoch}
+        return _table_state(self._job(job).control.operator(operator).table)
 
     def history_handler(self, job: str) -> list:
         return self._job(job).control.history
@@ -167,7 +174,7 @@ class BalancerPlugin(SchedulerPlugin):
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
-                      latency_p99_ms=None, final: bool = False, **_ignored) -> None:
+                      latency_p99_ms=None, final: bool = False, hot=None, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -189,7 +196,10 @@ class BalancerPlugin(SchedulerPlugin):
             c = np.asarray(counts, dtype=np.float64)
             if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
                 raise ValueError(f"key-group counts from router {instance} of {operator!r} do not fit 0..{G - 1}")
-            slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final)}
+            hot = [(k, float(c)) for k, c in (hot or [])]
+            if any(c < 0 for _, c in hot):
+                raise ValueError(f"hot-key counts from router {instance} of {operator!r} must be >= 0")
+            slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final), "hot": hot}
         else:
             raise ValueError(f"report kind {kind!r} is neither 'owner' nor 'router'")
         for ws in sorted(win):
@@ -202,9 +212,16 @@ class BalancerPlugin(SchedulerPlugin):
         op = j.control.operator(operator)
         n, G = op.table.parallelism, op.table.key_groups
         load = np.zeros(G)
+        hot: dict = {}
         for (kind, _), r in reports.items():
             if kind == "router":
                 np.add.at(load, r["groups"], r["counts"])
+                for k, c in r["hot"]:
+                    hot[k] = hot.get(k, 0.0) + c
+        for k, _ in op.table.splits:
+            hot.setdefault(k, 0.0)       # a split key's group must be known, hot or not
+        hot_keys = tuple((k, key_group_of(k, G), c)
+                         for k, c in sorted(hot.items(), key=lambda kc: -kc[1]))
         reports = {**{i: r for (kind, i), r in reports.items() if kind == "owner"},
                    "final": any(r["final"] for r in reports.values())}
         recent = frozenset(g for g, e in op.moved_at.items() if e > op.table.epoch - 3)
@@ -212,6 +229,7 @@ class BalancerPlugin(SchedulerPlugin):
             operator, op.table.owners, load, n, epoch=op.table.epoch, window_start=window_start,
             window=self.window, busy_seconds=[reports[i]["busy"] for i in range(n)],
             queued_batches=[reports[i]["queued"] for i in range(n)], recently_moved=recent,
+            hot_keys=hot_keys, splits=op.table.splits, splittable=op.kind == "aggregate",
         )
         per_instance = report.instance_load()
         j.load[operator] = [{"instance": i, "records": reports[i]["records"], "load": float(per_instance[i]),
@@ -239,19 +257,30 @@ class BalancerPlugin(SchedulerPlugin):
             return
         assignment: dict[int, int] = {}
         for mv in plan:
-            for g in mv.key_groups:
+            for g in (mv.key_groups if isinstance(mv, Move) else ()):
                 if len(assignment) < self.max_groups:
                     assignment[g] = mv.to_instance
-        if assignment:
+        merges = {sp.key: () for sp in plan if isinstance(sp, Split) and not sp.helpers}
+        splits = {sp.key: sp.helpers for sp in plan if isinstance(sp, Split) and sp.helpers}
+        if assignment or merges or splits:
             op.in_flight = True          # claimed now: the next window must not plan again
-            task = asyncio.ensure_future(self._run_plan(j, operator, assignment))
+            task = asyncio.ensure_future(self._run_plan(j, operator, assignment, merges, splits))
             j.tasks.add(task)
             task.add_done_callback(j.tasks.discard)
 
-    async def _run_plan(self, j: _Job, operator: str, assignment: dict) -> None:
+    async def _run_plan(self, j: _Job, operator: str, assignment: dict, merges: dict | None = None,
+                        splits: dict | None = None) -> None:
+        """Merges back first, then moves, then splits: a group moves only with no key of
+        it split, and a new split's home is its group's owner after the moves."""
         op = j.control.operator(operator)
+        timeout = config.seconds("migration.timeout")
         try:
-            await self._migrate(j, operator, assignment, j.migration)
+            if merges:
+                await split(j.control, self._call, operator, merges, timeout=timeout)
+            if assignment:
+                await self._migrate(j, operator, assignment, j.migration)
+            if splits:
+                await split(j.control, self._call, operator, splits, timeout=timeout)
         except Exception as exc:
             self._refuse(j.control.job, f"migration of {operator!r} failed: {type(exc).__name__}: {exc}")
         finally:
@@ -268,6 +297,7 @@ class BalancerPlugin(SchedulerPlugin):
                 "balancer": j.balancer_name, "migration": j.migration,
                 "operators": {
                     name: {"epoch": op.table.epoch, "owners": op.table.owners.tolist(),
+                           "splits": [[k, list(h)] for k, h in op.table.splits],
                            "in_flight": op.in_flight, "load": j.load.get(name, []),
                            "imbalance": j.imbalance.get(name, [])[-1000:]}
                     for name, op in j.control.operators.items()
@@ -296,6 +326,11 @@ class BalancerPlugin(SchedulerPlugin):
                 "loads": npy(np.array([r[1] for r in rows], np.float32).reshape(len(rows), G)),
                 "owners": npy(np.array([r[2] for r in rows], np.int32).reshape(len(rows), G)),
                 "measured": npy(np.array([r[3] for r in rows], np.float64))}
+
+
+def _table_state(table) -> dict:
+    return {"owners": table.owners.tolist(), "epoch": table.epoch,
+            "splits": [[k, list(h)] for k, h in table.splits]}
 
 
 try:

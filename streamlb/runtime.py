@@ -129,6 +129,7 @@ class Job:
         from ._coordinator import JobControl
         from ._instance import Instance
         from .plugin import ensure_plugin
+        from .balancer import get_balancer
 
         self.balancer = balancer
         self.migration = migration
@@ -159,12 +160,18 @@ class Job:
                 )
         self._futures = futures  # actors referenced only by actors would be collected
         self.actors = {k: f.result() for k, f in futures.items()}
+        # routers keep heavy-hitter sketches only for a balancer that splits hot keys
+        hot_keys = 0
+        if balancer is not None and getattr(get_balancer(balancer, **(balancer_options or {})),
+                                            "wants_hot_keys", False):
+            hot_keys = int(config.get("balancer.hot-keys"))
         self.tables = {
             st.id: RoutingTable.initial(key_groups, st.parallelism)
             for st in plan.stages if st.exchange == "keyed"
         }
         exchanges = {
-            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None, st.shuffle)
+            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None, st.shuffle,
+                    hot_keys if st.kind == "aggregate" else 0)
             for st in plan.stages if not st.is_source
         }
         peers = {
@@ -355,6 +362,7 @@ class Job:
                     "owners": [peer((st.id, i)) for i in range(st.parallelism)],
                     "routers": [peer((up.id, i)) for i in range(up.parallelism)],
                     "table": self.tables[st.id].owners.tolist(), "epoch": self.tables[st.id].epoch,
+                    "kind": st.kind,
                 }
         return {
             "job": self.id, "key_groups": self.key_groups,
@@ -369,7 +377,7 @@ class Job:
             raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have a routing table")
         if self.balancer is not None:
             state = self.client.sync(self.client.scheduler.streamlb_routing, job=self.id, operator=operator)
-            return RoutingTable(np.asarray(state["owners"]), st.parallelism, state["epoch"])
+            return _table(state, st.parallelism)
         return self.control.operator(operator).table
 
     @property
@@ -414,7 +422,7 @@ class Job:
     def reassign(self, operator: str, assignment: dict[int, int], strategy: str | None = None) -> RoutingTable:
         """Give each key group of ``assignment`` to its new instance, in one plan: an instance
         may give and take key groups in the same epoch. See :meth:`migrate`."""
-        from ._coordinator import actor_call, check_strategy, migrate
+        from ._coordinator import check_strategy, migrate
 
         self.plan.stage(operator)
         for g, to in assignment.items():
@@ -426,16 +434,58 @@ class Job:
         if self.balancer is not None:
             state = self.client.sync(self.client.scheduler.streamlb_migrate, job=self.id, operator=operator,
                                      assignment=[[g, to] for g, to in assignment.items()], strategy=strategy)
-            return RoutingTable(np.asarray(state["owners"]), self.plan.stage(operator).parallelism,
-                                state["epoch"])
-
-        async def call(address, key, method, *args):
-            return await actor_call(self.client.rpc, address, key, method, *args)
-
+            return _table(state, self.plan.stage(operator).parallelism)
         return self.client.sync(
-            migrate, self.control, call, operator, assignment, strategy,
+            migrate, self.control, self._call, operator, assignment, strategy,
             fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
         )
+
+    async def _call(self, address, key, method, *args):
+        from ._coordinator import actor_call
+
+        return await actor_call(self.client.rpc, address, key, method, *args)
+
+    def split(self, operator: str, key, helpers) -> RoutingTable:
+        """Spread the records of hot ``key`` of an ``aggregate`` over its home instance and
+        ``helpers`` while the job runs; ``helpers=[]`` merges the key back.
+
+        Each helper aggregates the key's records it gets and sends the partial aggregate to
+        the home after every batch, where it is merged: ``Job.state`` and every value the
+        operator emits stay those of an unsplit run (see docs/splitting.md).
+
+        Parameters
+        ----------
+        operator : str
+            An ``aggregate`` operator (``stateful_map`` state is not combinable: refused).
+        key
+            A key of the operator's key column (of the same type).
+        helpers : iterable of int
+            Distinct instances other than the key's home (the owner of its key group).
+
+        Raises
+        ------
+        MigrationError
+            For a ``stateful_map``, a helper out of range or equal to the home, or a job that
+            is not running; the job keeps running on its current routing.
+        """
+        from ._coordinator import split
+
+        st = self.plan.stage(operator)
+        if st.id not in self.tables:
+            raise MigrationError(f"operator {operator!r} is not keyed; only keyed aggregate keys can be split")
+        if self.status != "running":
+            raise MigrationError(f"job {self.id} is {self.status}; splitting a key needs a running job")
+        try:
+            helpers = [int(h) for h in helpers]
+        except (TypeError, ValueError):
+            raise MigrationError(f"operator {operator!r}: helpers must be instance numbers, got {helpers!r}") from None
+        key = key.item() if isinstance(key, np.generic) else key
+        if self.balancer is not None:
+            state = self.client.sync(self.client.scheduler.streamlb_split, job=self.id, operator=operator,
+                                     changes=[[key, helpers]])
+            return _table(state, st.parallelism)
+        return self.client.sync(split, self.control, self._call, operator, {key: tuple(helpers)},
+                                timeout=config.seconds("migration.timeout"))
 
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):
@@ -492,3 +542,9 @@ class Job:
         for r in rows:
             out.update(r["offsets"])
         return out
+
+
+def _table(state: dict, parallelism: int) -> RoutingTable:
+    """A routing table from the plugin's JSON-able form."""
+    return RoutingTable(np.asarray(state["owners"]), parallelism, state["epoch"],
+                        splits=tuple((k, tuple(h)) for k, h in state.get("splits", ())))
