@@ -213,9 +213,9 @@ def apply_plan(owners: np.ndarray, plan: list) -> np.ndarray:
 def check_plan(report: LoadReport, plan: list) -> np.ndarray:
     """Validate ``plan`` against ``report``; return the new owners.
 
-    A plan is carried out in this order: merges back (``Split`` with no helpers), moves,
-    then splits. So a key group may not move while a key in it stays split, and a split's
-    helpers must differ from its home after the moves.
+    A plan is carried out in this order: merges back (``Split`` with no helpers), splits,
+    then moves. So a key group may move only if no key of it is split once the plan is
+    carried out, and a split's helpers must differ from its key's home.
     """
     for mv in plan:
         if isinstance(mv, Move):
@@ -225,10 +225,9 @@ def check_plan(report: LoadReport, plan: list) -> np.ndarray:
                                      f"0..{report.instances - 1}")
     owners = apply_plan(report.owners, plan)
     splits = [sp for sp in plan if isinstance(sp, Split)]
-    merged = {sp.key for sp in splits if not sp.helpers}
-    for key in dict(report.splits):
+    for key in splits_after(report, plan):
         g = report.hot_group(key)
-        if key not in merged and g is not None and owners[g] != report.owners[g]:
+        if g is not None and owners[g] != report.owners[g]:
             raise ValueError(f"key group {g} of {report.operator!r} holds split key {key!r}: merge the key "
                              "back before moving its group")
     if splits and not report.splittable:
@@ -241,10 +240,10 @@ def check_plan(report: LoadReport, plan: list) -> np.ndarray:
         if g is None:
             raise ValueError(f"split of key {sp.key!r}: not among the report's hot keys, so its key group "
                              "is unknown")
-        bad = [h for h in sp.helpers if not 0 <= h < report.instances or h == owners[g]]
+        bad = [h for h in sp.helpers if not 0 <= h < report.instances or h == report.owners[g]]
         if bad or len(set(sp.helpers)) != len(sp.helpers):
             raise ValueError(f"split {sp}: helpers must be distinct instances in 0..{report.instances - 1} "
-                             f"other than the key's home {int(owners[g])}")
+                             f"other than the key's home {int(report.owners[g])}")
     return owners
 
 

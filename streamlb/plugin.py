@@ -270,17 +270,17 @@ class BalancerPlugin(SchedulerPlugin):
 
     async def _run_plan(self, j: _Job, operator: str, assignment: dict, merges: dict | None = None,
                         splits: dict | None = None) -> None:
-        """Merges back first, then moves, then splits: a group moves only with no key of
-        it split, and a new split's home is its group's owner after the moves."""
+        """Merges back, splits, then moves (a split spreads a hot key at once; the groups
+        of split keys do not move)."""
         op = j.control.operator(operator)
         timeout = config.seconds("migration.timeout")
         try:
             if merges:
                 await split(j.control, self._call, operator, merges, timeout=timeout)
-            if assignment:
-                await self._migrate(j, operator, assignment, j.migration)
             if splits:
                 await split(j.control, self._call, operator, splits, timeout=timeout)
+            if assignment:
+                await self._migrate(j, operator, assignment, j.migration)
         except Exception as exc:
             self._refuse(j.control.job, f"migration of {operator!r} failed: {type(exc).__name__}: {exc}")
         finally:

@@ -94,7 +94,7 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
     src = Stream.from_parquet(path)
     src.key_by("key").aggregate(AGG, name="agg")
     with pytest.raises(ValueError, match="unknown balancer 'magic'; valid balancers are "
-                                         "autoflow, greedy, hottest-to-coldest, static"):
+                                         "autoflow, greedy, hottest-to-coldest, hybrid, static"):
         streamlb.run(src, client=cluster2, balancer="magic")
     with pytest.raises(ValueError, match="unknown migration strategy 'warp'"):
         streamlb.run(src, client=cluster2, balancer="autoflow", migration="warp")
