@@ -35,7 +35,7 @@ from importlib.metadata import entry_points
 import numpy as np
 
 __all__ = ["Balancer", "LoadReport", "Move", "Split", "apply_plan", "get_balancer", "available_balancers",
-           "check_plan", "splits_after"]
+           "check_plan", "complete_plan", "splits_after"]
 
 GROUP = "streamlb.balancers"
 
@@ -245,6 +245,23 @@ def check_plan(report: LoadReport, plan: list) -> np.ndarray:
             raise ValueError(f"split {sp}: helpers must be distinct instances in 0..{report.instances - 1} "
                              f"other than the key's home {int(report.owners[g])}")
     return owners
+
+
+def complete_plan(report: LoadReport, plan: list) -> list:
+    """``plan`` with a merge back added for every split key whose key group it moves: a
+    balancer that knows nothing of splits still gets its moves. The plugin and the
+    simulator carry plans out completed so.
+
+    >>> r = LoadReport("op", np.array([0, 1]), np.array([5.0, 1.0]), 2, hot_keys=(("a", 0, 4.0),),
+    ...                splits=(("a", (1,)),), splittable=True)
+    >>> complete_plan(r, [Move((0,), 0, 1)])
+    [Split(key='a', helpers=()), Move(key_groups=(0,), from_instance=0, to_instance=1)]
+    """
+    owners = apply_plan(report.owners, plan)
+    named = {sp.key for sp in plan if isinstance(sp, Split)}
+    merges = [Split(k) for k, _ in report.splits
+              if k not in named and (g := report.hot_group(k)) is not None and owners[g] != report.owners[g]]
+    return merges + list(plan)
 
 
 def splits_after(report: LoadReport, plan: list) -> dict:

@@ -31,7 +31,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import config
 from ._coordinator import JobControl, actor_call, check_strategy, key_group_of, migrate, split
-from .balancer import LoadReport, Move, Split, check_plan, get_balancer
+from .balancer import LoadReport, Move, Split, check_plan, complete_plan, get_balancer
 
 __all__ = ["BalancerPlugin", "dask_setup"]
 
@@ -249,7 +249,7 @@ class BalancerPlugin(SchedulerPlugin):
         if reports["final"]:
             return                      # the stream is ending: nothing left to balance
         try:
-            plan = j.balancer.plan(report)
+            plan = complete_plan(report, j.balancer.plan(report))
             check_plan(report, plan)
         except Exception as exc:
             self._refuse(j.control.job, f"plan of {j.balancer_name!r} for {operator!r} refused: "

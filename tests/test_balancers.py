@@ -5,8 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamlb.balancer import (Balancer, LoadReport, Move, apply_plan, available_balancers, check_plan,
-                               get_balancer)
+from streamlb.balancer import (Balancer, LoadReport, Move, Split, apply_plan, available_balancers, check_plan,
+                               complete_plan, get_balancer, splits_after)
+from streamlb.keygroups import assign_to_key_group
 
 NAMES = sorted(available_balancers())
 
@@ -31,7 +32,17 @@ def reports(draw):
     owners = draw(hnp.arrays(np.int64, G, elements=st.integers(0, n - 1)))
     load = draw(hnp.arrays(np.float64, G, elements=st.one_of(st.just(0.0), st.floats(0, 1e6))))
     moved = draw(st.sets(st.integers(0, G - 1), max_size=G // 4))
-    return LoadReport("op", owners, load, n, recently_moved=frozenset(moved))
+    # hot keys: a share of their group's load; some already split over other instances
+    hot, splits = [], []
+    for g in draw(st.sets(st.integers(0, G - 1), max_size=3)):
+        key = f"k{g}"
+        hot.append((key, g, load[g] * draw(st.floats(0, 1))))
+        others = [i for i in range(n) if i != owners[g]]
+        if others and draw(st.booleans()):
+            splits.append((key, tuple(draw(st.lists(st.sampled_from(others), min_size=1, unique=True)))))
+    hot.sort(key=lambda h: -h[2])
+    return LoadReport("op", owners, load, n, recently_moved=frozenset(moved), hot_keys=tuple(hot),
+                      splits=tuple(splits), splittable=draw(st.booleans()) or bool(splits))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -41,15 +52,22 @@ def test_contract(name, report):
     bal = get_balancer(name)
     plan = bal.plan(report)
     assert plan == get_balancer(name).plan(report)            # deterministic
-    owners = check_plan(report, plan)                           # valid instances, real owners
+    plan = complete_plan(report, plan)                          # as the plugin carries it out
+    assert all(isinstance(m, (Move, Split)) for m in plan)
+    owners = check_plan(report, plan)                           # valid instances and helpers, real owners
     assert len(owners) == report.key_groups                     # each group has one owner
     assert ((owners >= 0) & (owners < report.instances)).all()
-    moved = {g for m in plan for g in m.key_groups}
-    assert len(moved) == sum(len(m.key_groups) for m in plan)  # no group moved twice
+    moves = [m for m in plan if isinstance(m, Move)]
+    moved = {g for m in moves for g in m.key_groups}
+    assert len(moved) == sum(len(m.key_groups) for m in moves)  # no group moved twice
     if name != "greedy":
         assert not moved & report.recently_moved               # hysteresis
-    after = LoadReport("op", owners, report.group_load, report.instances)
-    assert after.instance_load().max() <= report.instance_load().max() + 1e-6   # never worse
+    if not report.splittable:
+        assert not any(isinstance(s, Split) and s.helpers for s in plan)
+    if not any(isinstance(s, Split) and not s.helpers for s in plan):
+        # never worse (merging a cooled key back may add to its home, by design)
+        after = report.instance_load(owners, splits_after(report, plan))
+        assert after.max() <= report.instance_load().max() + 1e-6
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -70,6 +88,67 @@ def test_autoflow_and_greedy_reach_the_floor_on_a_skewed_table():
         new = apply_plan(owners, get_balancer(name).plan(report))
         got = np.bincount(new, weights=load, minlength=n).max()
         assert got <= 1.05 * floor, (name, got / floor)
+
+
+def _zipf_report(skew, owners, splits, n=8, G=1024, keys=100_000, records=250_000, seed=0):
+    """One window of a Zipf stream: per key-group load and the 64 hottest keys."""
+    rng = np.random.default_rng(seed)
+    p = 1 / np.arange(1, keys + 1) ** skew
+    counts = rng.multinomial(records, p / p.sum()).astype(float)
+    groups = assign_to_key_group(np.arange(keys), G)
+    top = np.argsort(-counts)[:64]
+    return LoadReport("op", owners, np.bincount(groups, weights=counts, minlength=G), n,
+                      hot_keys=tuple((int(k), int(groups[k]), counts[k]) for k in top),
+                      splits=tuple(splits.items()), splittable=True)
+
+
+@pytest.mark.parametrize("skew", [1.2, 1.5])
+def test_hybrid_splits_what_moving_cannot_balance(skew):
+    # numpy ground truth: the same windows weighed by the report's own load model
+    n, G = 8, 1024
+    owners, splits = np.arange(G) * n // G, {}
+    bal, auto = get_balancer("hybrid"), get_balancer("autoflow")
+    auto_owners = owners.copy()
+    for w in range(8):
+        r = _zipf_report(skew, owners, splits, seed=w)
+        plan = bal.plan(r)
+        owners, splits = check_plan(r, plan), splits_after(r, plan)
+        ra = _zipf_report(skew, auto_owners, {}, seed=w)
+        auto_owners = check_plan(ra, auto.plan(ra))
+    r = _zipf_report(skew, owners, splits, seed=99)
+    ra = _zipf_report(skew, auto_owners, {}, seed=99)
+    hottest = max(h[2] for h in r.hot_keys) / r.group_load.sum()
+    imb = r.instance_load().max() / r.instance_load().mean()
+    assert imb <= 1.10, imb
+    assert ra.instance_load().max() / ra.instance_load().mean() >= 0.95 * n * hottest   # moving alone: the floor
+    assert 0 in splits                                  # the hottest key is split ...
+    assert len(splits) == (1 if skew == 1.2 else 2)     # ... and at 1.5 the second one too
+
+
+def test_hybrid_merges_a_cooled_key_back_and_never_splits_stateful_map_keys():
+    n, G = 8, 1024
+    owners = np.arange(G) * n // G
+    r = _zipf_report(0.5, owners, {0: (3, 5)})           # key 0 is no longer hot
+    assert Split(0) in get_balancer("hybrid").plan(r)
+    r = _zipf_report(1.5, owners, {})
+    r = LoadReport(r.operator, r.owners, r.group_load, n, hot_keys=r.hot_keys, splittable=False)
+    assert not [s for s in get_balancer("hybrid").plan(r) if isinstance(s, Split)]
+
+
+def test_bad_splits_are_refused():
+    r = LoadReport("op", np.array([0, 1]), np.array([5.0, 1.0]), 2, hot_keys=(("a", 0, 4.0),), splittable=True)
+    with pytest.raises(ValueError, match=r"helpers must be distinct instances in 0..1 other than the key's home 0"):
+        check_plan(r, [Split("a", (0,))])
+    with pytest.raises(ValueError, match="split of key 'b': not among the report's hot keys"):
+        check_plan(r, [Split("b", (1,))])
+    split_now = LoadReport("op", np.array([0, 1]), np.array([5.0, 1.0]), 2, hot_keys=(("a", 0, 4.0),),
+                           splits=(("a", (1,)),), splittable=True)
+    with pytest.raises(ValueError, match="key group 0 of 'op' holds split key 'a': merge the key back"):
+        check_plan(split_now, [Move((0,), 0, 1)])
+    assert check_plan(split_now, [Split("a"), Move((0,), 0, 1)]).tolist() == [1, 1]
+    stateful = LoadReport("op", np.array([0, 1]), np.array([5.0, 1.0]), 2, hot_keys=(("a", 0, 4.0),))
+    with pytest.raises(ValueError, match="not combinable .stateful_map.; its keys cannot be split"):
+        check_plan(stateful, [Split("a", (1,))])
 
 
 def test_bad_reports_and_moves_are_refused():
