@@ -4,7 +4,9 @@ A :class:`Trace` is the load of one keyed operator per load window and key group
 balancer plugin sees it: recorded from a real job (:meth:`streamlb.Job.load_trace`) or
 generated from a key distribution (:func:`zipf_trace`). :func:`simulate` feeds it window by
 window to any balancer, applies each plan from the next window on (as the plugin does once a
-migration completes) and reports the imbalance of every window.
+migration completes) and reports the imbalance of every window. A trace that also holds its
+hottest keys per window (generated ones do) lets balancers that split keys (``hybrid``)
+split them.
 
 Examples
 --------
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .balancer import Balancer, LoadReport, check_plan, get_balancer
+from .balancer import Balancer, LoadReport, check_plan, complete_plan, get_balancer, splits_after
 from .keygroups import assign_to_key_group
 
 __all__ = ["Trace", "zipf_trace", "simulate", "summarize", "plot"]
@@ -48,6 +50,8 @@ class Trace:
         The routing table in force in each window, for a trace recorded from a job.
     measured : ndarray, shape (W,), optional
         The imbalance the job measured in each window (records applied per instance).
+    hot_keys, hot_loads : ndarray, shape (W, K), optional
+        The K hottest keys of each window (integer keys) and their records.
     """
 
     loads: np.ndarray
@@ -57,6 +61,8 @@ class Trace:
     recorded_owners: np.ndarray | None = None
     measured: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    hot_keys: np.ndarray | None = None
+    hot_loads: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.loads = np.asarray(self.loads, dtype=np.float64)
@@ -73,6 +79,10 @@ class Trace:
         if self.owners.shape != (G,) or (G and (self.owners.min() < 0 or self.owners.max() >= self.instances)):
             raise ValueError(f"trace owners must give each of the {G} key groups an instance in "
                              f"0..{self.instances - 1}")
+        if (self.hot_keys is None) != (self.hot_loads is None) or (
+                self.hot_keys is not None and (np.shape(self.hot_keys) != np.shape(self.hot_loads)
+                                               or np.shape(self.hot_keys)[0] != self.windows)):
+            raise ValueError("trace hot_keys and hot_loads go together, both of shape (windows, K)")
 
     @property
     def windows(self) -> int:
@@ -89,6 +99,8 @@ class Trace:
             arrays["recorded_owners"] = self.recorded_owners
         if self.measured is not None:
             arrays["measured"] = self.measured
+        if self.hot_keys is not None:
+            arrays["hot_keys"], arrays["hot_loads"] = self.hot_keys, self.hot_loads
         meta = {"instances": int(self.instances), "window": float(self.window), **self.meta}
         np.savez_compressed(path, meta=np.array(json.dumps(meta)), **arrays)
 
@@ -105,7 +117,7 @@ class Trace:
             meta = json.loads(str(z["meta"]))
             get = (lambda k: z[k] if k in z else None)
             return cls(z["loads"], meta.pop("instances"), meta.pop("window"), get("owners"),
-                       get("recorded_owners"), get("measured"), meta)
+                       get("recorded_owners"), get("measured"), meta, get("hot_keys"), get("hot_loads"))
 
 
 def zipf_trace(windows: int, key_groups: int, instances: int, *, keys: int = 100_000, skew: float = 1.2,
@@ -115,7 +127,8 @@ def zipf_trace(windows: int, key_groups: int, instances: int, *, keys: int = 100
     ``drift_every`` windows (as :func:`streamlb.datasets.zipf` rotates them).
 
     Keys map to key groups with the same hash as a job, and every window is a multinomial
-    sample of ``records_per_window`` records.
+    sample of ``records_per_window`` records; the 64 hottest keys' records are kept apart
+    too (``hot_keys``/``hot_loads``), as the routers' heavy-hitter sketches report them.
     """
     if windows < 1 or key_groups < 1 or keys < 1 or records_per_window < 0:
         raise ValueError("zipf_trace: windows, key_groups and keys must be >= 1, records_per_window >= 0")
@@ -125,16 +138,35 @@ def zipf_trace(windows: int, key_groups: int, instances: int, *, keys: int = 100
     p /= p.sum()
     key_ids = np.arange(keys, dtype=np.int64)
     group_of = assign_to_key_group(key_ids, key_groups)
+    K = min(64, keys)
     loads = np.empty((windows, key_groups))
+    hot_keys = np.empty((windows, K), np.int64)
+    hot_loads = np.empty((windows, K))
+    split_rng = np.random.default_rng([seed, 1])      # the group loads draw as they always did
     period = drift_every or windows
     for start in range(0, windows, period):
         shift = (start // period) * max(keys // 7, 1)          # rotate which keys are hot
-        share = np.bincount(group_of[(np.arange(keys) + shift) % keys], weights=p, minlength=key_groups)
+        ids = (key_ids + shift) % keys                          # the key of each rank
+        share = np.bincount(group_of[ids], weights=p, minlength=key_groups)
         share = np.clip(share / share.sum(), 0, None)
         n = min(period, windows - start)
-        loads[start:start + n] = rng.multinomial(records_per_window, share, size=n)
+        draw = rng.multinomial(records_per_window, share, size=n).astype(np.float64)
+        loads[start:start + n] = draw
+        # each hot key's records out of its group's: binomial, given what hotter keys of the
+        # same group took (together, exactly a multinomial over keys)
+        left = draw[:, group_of[ids[:K]]].copy()
+        mass = share[group_of[ids[:K]]].copy()
+        for r in range(K):
+            g = group_of[ids[r]]
+            q = np.clip(p[r] / mass[r], 0, 1) if mass[r] > 0 else 0.0
+            hot_loads[start:start + n, r] = split_rng.binomial(left[:, r].astype(np.int64), q)
+            same = group_of[ids[:K]] == g
+            left[:, same] -= hot_loads[start:start + n, r:r + 1]
+            mass[same] -= p[r]
+        hot_keys[start:start + n] = ids[:K]
     return Trace(loads, instances, window, meta={"source": "zipf", "skew": skew, "keys": keys,
-                                                 "drift_every": drift_every, "seed": seed})
+                                                 "drift_every": drift_every, "seed": seed},
+                 hot_keys=hot_keys, hot_loads=hot_loads)
 
 
 def _floor(load: np.ndarray, n: int) -> float:
@@ -152,8 +184,9 @@ def simulate(trace: Trace, balancer: str | Balancer | None = "autoflow", instanc
     the ``cooldown_windows`` after one. ``balancer=None`` replays the routing the trace
     recorded (a recorded trace only).
 
-    Returns a DataFrame with columns ``window, imbalance, floor, moved_groups, epoch`` and,
-    for recorded traces, ``measured``; ``attrs`` holds the balancer's name.
+    Returns a DataFrame with columns ``window, imbalance, floor, moved_groups, split_keys,
+    epoch`` and, for recorded traces, ``measured``; ``attrs`` holds the balancer's name.
+    ``floor`` is that of moving key groups only, max(1, n x share of the hottest group).
     """
     n = int(instances or trace.instances)
     if n != trace.instances and trace.recorded_owners is not None and balancer is None:
@@ -166,6 +199,9 @@ def simulate(trace: Trace, balancer: str | Balancer | None = "autoflow", instanc
     owners = trace.owners.copy() if n == trace.instances else (np.arange(G) * n // G).astype(np.int64)
     moved_at = np.full(G, -10**9, dtype=np.int64)
     epoch, quiet = 0, 0
+    splits: dict = {}
+    hot_groups = None if trace.hot_keys is None else assign_to_key_group(trace.hot_keys.ravel(), G).reshape(
+        trace.hot_keys.shape)
     rows = []
     name = getattr(bal, "name", None) or (type(bal).__name__ if bal is not None else "recorded")
     it = range(trace.windows)
@@ -177,28 +213,34 @@ def simulate(trace: Trace, balancer: str | Balancer | None = "autoflow", instanc
         load = trace.loads[w]
         if bal is None:
             owners = trace.recorded_owners[w].astype(np.int64)
-        inst = np.bincount(owners, weights=load, minlength=n)
+        hot = () if hot_groups is None else tuple(zip(trace.hot_keys[w].tolist(), hot_groups[w].tolist(),
+                                                      trace.hot_loads[w].tolist()))
+        report = LoadReport(
+            "simulated", owners, load, n, epoch=epoch, window_start=w * trace.window, window=trace.window,
+            recently_moved=frozenset(np.flatnonzero(moved_at > epoch - HYSTERESIS_EPOCHS).tolist()),
+            hot_keys=hot, splits=tuple(splits.items()), splittable=True,
+        )
+        inst = report.instance_load()
         imb = float(inst.max() / inst.mean()) if inst.sum() > 0 else 1.0
         moved = 0
         if bal is not None and quiet == 0:
-            report = LoadReport(
-                "simulated", owners, load, n, epoch=epoch, window_start=w * trace.window, window=trace.window,
-                recently_moved=frozenset(np.flatnonzero(moved_at > epoch - HYSTERESIS_EPOCHS).tolist()),
-            )
-            new = check_plan(report, bal.plan(report))
+            plan = complete_plan(report, bal.plan(report))
+            new = check_plan(report, plan)
             changed = np.flatnonzero(new != owners)[:max_groups]
-            if len(changed):
+            after = splits_after(report, plan)
+            if len(changed) or after != splits:
                 epoch += 1
                 owners = owners.copy()
                 owners[changed] = new[changed]
                 moved_at[changed] = epoch
                 moved = len(changed)
+                splits = after
                 quiet = cooldown_windows
         elif quiet:
             quiet -= 1
         rows.append({"window": w, "imbalance": imb, "floor": _floor(load, n), "moved_groups": moved,
-                     "epoch": epoch})
-    out = pd.DataFrame(rows, columns=["window", "imbalance", "floor", "moved_groups", "epoch"])
+                     "split_keys": len(splits), "epoch": epoch})
+    out = pd.DataFrame(rows, columns=["window", "imbalance", "floor", "moved_groups", "split_keys", "epoch"])
     if trace.measured is not None:
         out["measured"] = trace.measured[: len(out)]
     out.attrs["balancer"] = name
@@ -211,6 +253,7 @@ def summarize(results: dict[str, pd.DataFrame]) -> pd.DataFrame:
         "balancer": b, "mean_imbalance": r["imbalance"].mean(), "max_imbalance": r["imbalance"].max(),
         "mean_over_floor": (r["imbalance"] / r["floor"]).mean(),
         "moved_groups": int(r["moved_groups"].sum()), "epochs": int(r["epoch"].iloc[-1]) if len(r) else 0,
+        "max_split_keys": int(r["split_keys"].max()) if "split_keys" in r and len(r) else 0,
     } for b, r in results.items()]).set_index("balancer")
 
 
