@@ -121,6 +121,7 @@ class _Window:
     def __init__(self, start: float) -> None:
         self.start = start
         self.records = 0
+        self.split_records = 0      # of them, rows of split keys aggregated for their home
         self.busy = 0.0
         self.lat: list[float] = []
         self.weights: list[int] = []
@@ -540,7 +541,7 @@ class Instance:
                 self._spawn(self._send_state(home, "combine", (self.store.partial(rows), emitted)))
         await self._emulate_cost(secs, t1)
         self.records_in += n
-        self._account(n, time.perf_counter() - t1 - self._blocked, (time.time() - emitted) * 1e3)
+        self._account(n, time.perf_counter() - t1 - self._blocked, (time.time() - emitted) * 1e3, split=n)
 
     async def _combine(self, blob: dict, emitted: float) -> None:
         """Home: merge a helper's partial aggregate and emit the keys' whole values."""
@@ -1083,12 +1084,13 @@ class Instance:
     def _window_start(self, t: float) -> float:
         return t - (t % self.window)
 
-    def _account(self, n: int, busy: float, latency_ms: float | None) -> None:
+    def _account(self, n: int, busy: float, latency_ms: float | None, split: int = 0) -> None:
         now = time.time()
         if now >= self._win.start + self.window:
             self._close_window(now)
         w = self._win
         w.records += n
+        w.split_records += split
         w.busy += max(busy, 0.0)
         if latency_ms is not None:
             w.lat.append(latency_ms)
@@ -1109,6 +1111,7 @@ class Instance:
             "latency_p99_ms": _weighted_quantile(lat, wt, 0.99) if has else np.nan,
             "latency_max_ms": float(lat.max()) if has else np.nan,
             "latency_mean_ms": float((lat * wt).sum() / wt.sum()) if has else np.nan,
+            "split_records": w.split_records,
         })
         final = self._finishing or self.finished_at is not None or self._eos_sent
         if self._report:

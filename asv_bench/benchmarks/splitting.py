@@ -1,0 +1,131 @@
+"""Hot-key splitting: imbalance and throughput when one key outweighs an instance's share.
+
+8 instances of a keyed count+sum on 2 worker processes, 5M rows over 100k keys (Zipf).
+At skew 1.2 the hottest key alone is about 20% of the records, at 1.5 about 38%: moving key
+groups cannot bring 8 instances below about 1.6 and 3.1 x the mean. ``hybrid`` splits such
+keys over several instances (partial aggregates merged at the key's home) and moves key
+groups for the rest.
+
+Imbalance is measured by the plugin on the real job: max / mean records applied per instance
+per load window (1 s), open-loop source. Throughput comes from a closed-loop run in which
+every record costs COST seconds of service time (``cost=``), so the hottest instance sets
+the pace.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import cluster, zipf_dataset
+
+ROWS, KEYS, N, G = 5_000_000, 100_000, 8, 1024
+BALANCERS = ["static", "autoflow", "hybrid"]
+SKEWS = [1.2, 1.5]
+RATE, WINDOW = 400_000, 1.0
+COST, MAX_GROUPS = 1e-5, 256
+
+
+def _imbalance_run(client, path, balancer):
+    from streamz import Stream
+
+    import streamlb
+
+    src = Stream.from_parquet(path, batch_size=10_000, rate=RATE)
+    src.key_by("key").aggregate({"n": ("value", "count"), "s": ("value", "sum")}, parallelism=N, name="agg")
+    with streamlb.run(src, client=client, key_groups=G, window=WINDOW, balancer=balancer,
+                      migration="all-at-once") as job:
+        job.wait()
+        state = job.balancer_state()["operators"]["agg"]
+        splits = [e for e in job.history if e["strategy"] == "split"]
+    full = [w for w in state["imbalance"] if w["records"] > 0.8 * RATE * WINDOW]
+    return {"imbalance": np.array([w["imbalance"] for w in full]), "split_epochs": len(splits),
+            "final_splits": len(state["splits"])}
+
+
+def _throughput_run(client, path, balancer):
+    from streamz import Stream
+
+    import streamlb
+
+    src = Stream.from_parquet(path, batch_size=16_384)
+    src.key_by("key").aggregate({"n": ("value", "count"), "s": ("value", "sum")}, parallelism=N, name="agg",
+                                cost=COST)
+    with streamlb.run(src, client=client, key_groups=G, window=0.5, balancer=balancer, migration="all-at-once",
+                      balancer_options={} if balancer == "static" else {"max_groups": MAX_GROUPS}) as job:
+        job.wait()
+        return job.summary()["records_per_second"]
+
+
+class SplitImbalance:
+    """Mean imbalance per window (target: ``hybrid`` <= 1.10 at skew 1.2 and 1.5)."""
+
+    timeout = 1800
+    number = 1
+    repeat = 1
+    params = (SKEWS, BALANCERS)
+    param_names = ["skew", "balancer"]
+
+    def setup_cache(self):
+        import dask
+
+        out = {}
+        with dask.config.set({"streamlb.balancer.max-groups": MAX_GROUPS}):
+            cl, client = cluster(2)
+            with cl, client:
+                for skew in SKEWS:
+                    path = zipf_dataset(ROWS, KEYS, skew)
+                    for b in BALANCERS:
+                        out[(skew, b)] = _imbalance_run(client, path, b)
+        return out
+
+    def track_mean_imbalance(self, r, skew, balancer):
+        return float(r[(skew, balancer)]["imbalance"].mean())
+
+    track_mean_imbalance.unit = "max/mean"
+
+    def track_mean_imbalance_after_first_two_windows(self, r, skew, balancer):
+        return float(r[(skew, balancer)]["imbalance"][2:].mean())
+
+    track_mean_imbalance_after_first_two_windows.unit = "max/mean"
+
+    def track_split_keys_at_end(self, r, skew, balancer):
+        return float(r[(skew, balancer)]["final_splits"])
+
+    track_split_keys_at_end.unit = "keys"
+
+    def track_split_epochs(self, r, skew, balancer):
+        return float(r[(skew, balancer)]["split_epochs"])
+
+    track_split_epochs.unit = "epochs"
+
+
+class SplitThroughput:
+    """Closed-loop throughput with COST s per record at skew 1.2 (target: ``hybrid`` >= 2 x
+    ``static``)."""
+
+    timeout = 1800
+    number = 1
+    repeat = 1
+    params = [BALANCERS]
+    param_names = ["balancer"]
+
+    def setup_cache(self):
+        import dask
+
+        out = {}
+        with dask.config.set({"streamlb.balancer.max-groups": MAX_GROUPS}):
+            cl, client = cluster(2)
+            with cl, client:
+                path = zipf_dataset(ROWS, KEYS, 1.2)
+                for b in BALANCERS:
+                    out[b] = _throughput_run(client, path, b)
+        return out
+
+    def track_records_per_second(self, r, balancer):
+        return r[balancer]
+
+    track_records_per_second.unit = "records/s"
+
+    def track_speedup_over_static(self, r, balancer):
+        return r[balancer] / r["static"]
+
+    track_speedup_over_static.unit = "x static"
