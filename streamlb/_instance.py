@@ -424,6 +424,10 @@ class Instance:
     async def _process_loop(self) -> None:
         while True:
             while not self._ready and not self._ctl:
+                if self._can_finish():
+                    # woken by an abort that took the last epoch this owner waited for
+                    await self._finish()
+                    return
                 self._wake.clear()
                 await self._wake.wait()
             # applying a batch rarely suspends: yield between batches, or RPC handlers (state
@@ -460,7 +464,7 @@ class Instance:
                     fut.set_result(None)
             # the item's sender is released first: two owners finishing at once each wait
             # for the other to take their last message
-            if self._finishing and not self._pending_in and self._peers_through():
+            if self._can_finish():
                 await self._finish()
                 return
 
@@ -555,8 +559,11 @@ class Instance:
                 if j != self.index:     # numbered after every partial sent to j
                     self._spawn(self._send_state(j, "peer_eos", self.index))
 
-    def _peers_through(self) -> bool:
-        return not self._combines or len(self._peer_eos) == len(self.siblings) - 1
+    def _can_finish(self) -> bool:
+        """End of stream from every router, no state on its way, and (split keys) no
+        partial aggregate still to come from a sibling."""
+        return (self._finishing and not self._pending_in
+                and (not self._combines or len(self._peer_eos) == len(self.siblings) - 1))
 
     async def _flush(self, m: "_Migration") -> None:
         """A split key leaves this helper: once every partial sent to its home before the

@@ -29,8 +29,7 @@ def two_workers():
 
 
 def check_exact(job, emitted, frame):
-    """State, and the last value emitted per key, equal pandas over the same rows; every key's
-    emitted values only ever grow (each is the aggregate of the records applied so far)."""
+    """State, and the last value emitted per key, equal pandas over the same rows."""
     truth = frame.groupby("key").agg(**AGG)
     state = job.state("totals")
     off = state["count"].sub(truth["count"], fill_value=0)
@@ -41,10 +40,14 @@ def check_exact(job, emitted, frame):
     pd.testing.assert_frame_equal(state, truth, check_dtype=False)
     out = pd.concat(emitted)
     out = out.reset_index().rename(columns={"index": "key"})
+    # each emitted value is the aggregate of the records applied so far: per key, no two
+    # share a count, and ordered by count (the driver collects instances' outputs in any
+    # order) every aggregate only grows (values are >= 0)
+    out = out.sort_values(["key", "count"], kind="stable")
     last = out.groupby("key").last()
     pd.testing.assert_frame_equal(last.sort_index(), truth, check_dtype=False)
+    assert not out.duplicated(["key", "count"]).any()
     by_key = out.groupby("key")
-    assert (by_key["count"].diff().dropna() > 0).all()       # values are >= 0: all monotone
     assert (by_key["sum"].diff().dropna() >= 0).all()
     assert (by_key["max"].diff().dropna() >= 0).all()
     assert (by_key["min"].diff().dropna() <= 0).all()
@@ -52,8 +55,14 @@ def check_exact(job, emitted, frame):
     assert m[m.operator == "totals"]["records"].sum() == len(frame)  # each row applied exactly once
 
 
-def hot_keys(frame, k=4):
-    return frame["key"].value_counts().index[:k].tolist()
+def hot_keys(frame, k=2):
+    """The ``k`` hottest keys of each of the first two thirds of the stream (the data's hot
+    keys drift every 100k of its 300k rows)."""
+    rows = frame.sort_values("event_time", kind="stable")["key"]
+    out = []
+    for part in (rows.iloc[:100_000], rows.iloc[100_000:200_000]):
+        out += [k for k in part.value_counts().index[:k].tolist() if k not in out]
+    return out
 
 
 def home(job, key):
@@ -98,7 +107,7 @@ def test_random_splits_and_merges_keep_state_and_emitted_values_exact(two_worker
 
 
 def test_a_split_key_is_spread_over_its_helpers_and_merged_back(two_workers, zipf_path, zipf_frame):
-    key = hot_keys(zipf_frame, 1)[0]
+    key = hot_keys(zipf_frame, 1)[0]            # hot in the first 0.5 s
     src = Stream.from_parquet(zipf_path, batch_size=5_000, rate=200_000)
     emitted = src.key_by("key").aggregate(AGG, parallelism=N, name="totals").sink_to_list()
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
