@@ -21,7 +21,8 @@ class HybridBalancer(AutoFlowBalancer):
     again until it passes ``split_at``). Then, as ``autoflow``, while some instance is above
     the mean by more than ``threshold``, the key group whose move from the hottest
     instance to the coldest lowers the maximum most is moved. Groups holding a split key
-    stay where they are. The plan lists merges, then splits, then moves: the order in
+    stay where they are. Where no single move lowers the maximum, swapping a group of the
+    hottest instance with a lighter one of the coldest may. The plan lists merges, then splits, then moves: the order in
     which the plugin carries them out.
 
     Operators whose state is not combinable (``stateful_map``) only get moves.
@@ -36,6 +37,8 @@ class HybridBalancer(AutoFlowBalancer):
         At most this many key groups moved per plan (default 64).
     split_at, piece, merge_below : float
         In units of the mean instance load (defaults 0.9, 0.8, 0.4).
+    max_swaps : int
+        Swaps of two groups tried per plan where no single move helps (default 8).
 
     Examples
     --------
@@ -50,8 +53,9 @@ class HybridBalancer(AutoFlowBalancer):
     wants_hot_keys = True
 
     def __init__(self, threshold: float = 0.05, max_groups: int = 64, split_at: float = 0.9,
-                 piece: float = 0.8, merge_below: float = 0.4) -> None:
+                 piece: float = 0.8, merge_below: float = 0.4, max_swaps: int = 8) -> None:
         super().__init__(threshold, max_groups)
+        self.max_swaps = max_swaps
         if not 0 < merge_below < split_at or not 0 < piece <= split_at:
             raise ValueError("hybrid: need 0 < merge_below < split_at and 0 < piece <= split_at, got "
                              f"merge_below={merge_below!r}, piece={piece!r}, split_at={split_at!r}")
@@ -78,13 +82,23 @@ class HybridBalancer(AutoFlowBalancer):
                 gl[g] -= w * (1 - 1 / d)
                 pinned[g] = True
         load = np.bincount(owners, weights=gl, minlength=n)
+        # load that cannot move away: split keys' groups and shares. New helpers go where
+        # there is least of it (then least load), so shares do not pile up on one instance
+        fixed = np.bincount(owners[pinned], weights=gl[pinned], minlength=n)
         helpers: dict = {}
-        for k in sorted((k for k, d in ways.items() if d > 1), key=lambda k: -hot[k][1]):
+        split_keys = sorted((k for k, d in ways.items() if d > 1), key=lambda k: -hot[k][1])
+        for k in split_keys:
+            keep = [h for h in current.get(k, ()) if h != owners[hot[k][0]]][: ways[k] - 1]
+            fixed[keep] += hot[k][1] / ways[k]
+            helpers[k] = keep
+        for k in split_keys:
             g, w = hot[k]
-            keep = [h for h in current.get(k, ()) if h != owners[g]][: ways[k] - 1]
+            keep = helpers[k]
             while len(keep) < ways[k] - 1:
                 free = np.flatnonzero(~np.isin(np.arange(n), keep + [int(owners[g])]))
-                keep.append(int(free[np.argmin(load[free])]))
+                pick = int(free[np.lexsort((load[free], fixed[free]))[0]])
+                keep.append(pick)
+                fixed[pick] += w / ways[k]
             load[keep] += w / ways[k]
             helpers[k] = tuple(keep)
         frozen = pinned
@@ -107,3 +121,33 @@ class HybridBalancer(AutoFlowBalancer):
         for k in current:
             ways.setdefault(k, 1)        # no longer among the hot keys: cooled down
         return {k: d for k, d in ways.items() if d > 1 or k in current}
+
+    def _level(self, owners: np.ndarray, gl: np.ndarray, load: np.ndarray, frozen: np.ndarray) -> np.ndarray:
+        """``autoflow``'s moves; where no single move lowers the maximum, a swap of a group
+        of the hottest instance with a lighter one of the coldest may (shares of split keys
+        leave fewer, larger groups to move)."""
+        for _ in range(self.max_swaps):
+            owners = super()._level(owners, gl, load, frozen)
+            if load.max() <= load.mean() * (1 + self.threshold) or not self._swap(owners, gl, load, frozen):
+                break
+        return owners
+
+    def _swap(self, owners: np.ndarray, gl: np.ndarray, load: np.ndarray, frozen: np.ndarray) -> bool:
+        hot, cold = int(np.argmax(load)), int(np.argmin(load))
+        a = np.flatnonzero((owners == hot) & ~frozen & (gl > 0))
+        b = np.flatnonzero((owners == cold) & ~frozen)
+        if hot == cold or not len(a) or not len(b):
+            return False
+        diff = gl[a][:, None] - gl[b][None, :]
+        others = np.delete(load, [hot, cold]).max(initial=0.0)
+        new_max = np.maximum(np.maximum(load[hot] - diff, load[cold] + diff), others)
+        new_max[diff <= 0] = np.inf
+        i, j = np.unravel_index(int(np.argmin(new_max)), new_max.shape)
+        if not new_max[i, j] < load[hot]:
+            return False
+        ga, gb = int(a[i]), int(b[j])
+        owners[ga], owners[gb] = cold, hot
+        frozen[[ga, gb]] = True
+        load[hot] -= diff[i, j]
+        load[cold] += diff[i, j]
+        return True

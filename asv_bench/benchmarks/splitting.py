@@ -20,7 +20,7 @@ from ._common import cluster, zipf_dataset
 ROWS, KEYS, N, G = 5_000_000, 100_000, 8, 1024
 BALANCERS = ["static", "autoflow", "hybrid"]
 SKEWS = [1.2, 1.5]
-RATE, WINDOW = 400_000, 1.0
+RATE, WINDOW, BATCH = 400_000, 1.0, 4_000
 COST, MAX_GROUPS = 1e-5, 256
 
 
@@ -29,16 +29,19 @@ def _imbalance_run(client, path, balancer):
 
     import streamlb
 
-    src = Stream.from_parquet(path, batch_size=10_000, rate=RATE)
+    src = Stream.from_parquet(path, batch_size=BATCH, rate=RATE)
     src.key_by("key").aggregate({"n": ("value", "count"), "s": ("value", "sum")}, parallelism=N, name="agg")
     with streamlb.run(src, client=client, key_groups=G, window=WINDOW, balancer=balancer,
                       migration="all-at-once") as job:
         job.wait()
-        state = job.balancer_state()["operators"]["agg"]
+        bstate = job.balancer_state()
+        state = bstate["operators"]["agg"]
         splits = [e for e in job.history if e["strategy"] == "split"]
+        history = job.history
     full = [w for w in state["imbalance"] if w["records"] > 0.8 * RATE * WINDOW]
     return {"imbalance": np.array([w["imbalance"] for w in full]), "split_epochs": len(splits),
-            "final_splits": len(state["splits"])}
+            "final_splits": len(state["splits"]), "load": state["load"], "splits": state["splits"],
+            "refused": bstate["refused"], "epochs": len(history), "planned": [w["planned"] for w in full]}
 
 
 def _throughput_run(client, path, balancer):
