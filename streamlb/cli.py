@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "no cluster; writes a PNG of imbalance over time")
     sm.add_argument("--trace", help="a trace saved with Trace.save (e.g. job.load_trace(op).save(path)); "
                                     "default: generate one from Zipf")
-    sm.add_argument("--balancers", nargs="+", default=["static", "autoflow", "greedy"])
+    sm.add_argument("--balancers", nargs="+", default=["static", "autoflow", "greedy", "hybrid"])
     sm.add_argument("--instances", type=int, default=None, help="default: the trace's, else 8")
     sm.add_argument("--windows", type=int, default=600)
     sm.add_argument("--key-groups", type=int, default=1024)
