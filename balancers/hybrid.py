@@ -22,7 +22,9 @@ class HybridBalancer(AutoFlowBalancer):
     the mean by more than ``threshold``, the key group whose move from the hottest
     instance to the coldest lowers the maximum most is moved. Groups holding a split key
     stay where they are. Where no single move lowers the maximum, swapping a group of the
-    hottest instance with a lighter one of the coldest may. The plan lists merges, then splits, then moves: the order in
+    hottest instance with a lighter one of the coldest may; and if the plan still leaves an
+    instance above the threshold, the groups moved recently may move again (each move must
+    still lower the maximum). The plan lists merges, then splits, then moves: the order in
     which the plugin carries them out.
 
     Operators whose state is not combinable (``stateful_map``) only get moves.
@@ -101,9 +103,14 @@ class HybridBalancer(AutoFlowBalancer):
                 fixed[pick] += w / ways[k]
             load[keep] += w / ways[k]
             helpers[k] = tuple(keep)
-        frozen = pinned
+        frozen = pinned.copy()
         frozen[list(report.recently_moved)] = True
         owners = self._level(owners, gl, load, frozen)
+        if load.max() > mean * (1 + self.threshold) and report.recently_moved:
+            # stuck with the groups moved last frozen: plans stop, so no epoch would thaw
+            # them. Moves must still lower the maximum, so nothing bounces on noise.
+            frozen = pinned | (owners != report.owners)
+            owners = self._level(owners, gl, load, frozen)
         merges = [Split(k) for k, d in ways.items() if d == 1 and k in current]
         splits = [Split(k, hs) for k, hs in helpers.items() if tuple(current.get(k, ())) != hs]
         return merges + splits + group_moves(report.owners, owners)

@@ -68,7 +68,7 @@ class OperatorControl:
         self.table = table
         self.in_flight = False
         self.last_completed = 0.0
-        self.moved_at: dict[int, float] = {}           # key group -> when it last moved
+        self.moved_at: dict[int, int] = {}             # key group -> epoch it last moved in
         self.unsettled: dict[int, tuple[list, list]] = {}   # epoch that timed out -> (groups, instances)
         self._lock: asyncio.Lock | None = None
 
@@ -234,7 +234,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         if paused:
             await _gather("resuming the sources", [call(*s, "resume") for s in ctl.sources])
     for g in assignment:
-        op.moved_at[g] = time.time()
+        op.moved_at[g] = epoch
     by_instance = dict(zip(involved, status))
     ctl.history.append({
         "operator": op.name, "epoch": epoch, "strategy": strategy,

@@ -37,7 +37,6 @@ __all__ = ["BalancerPlugin", "dask_setup"]
 
 logger = logging.getLogger("streamlb.plugin")
 NAME = "streamlb-balancer"
-HYSTERESIS_WINDOWS = 3      # a key group moved in the last 3 load windows is "recently moved"
 
 
 class _Job:
@@ -225,8 +224,7 @@ class BalancerPlugin(SchedulerPlugin):
                          for k, c in sorted(hot.items(), key=lambda kc: -kc[1]))
         reports = {**{i: r for (kind, i), r in reports.items() if kind == "owner"},
                    "final": any(r["final"] for r in reports.values())}
-        # hysteresis by time, not epochs: with no new epoch, groups must thaw all the same
-        recent = frozenset(g for g, t in op.moved_at.items() if t > time.time() - HYSTERESIS_WINDOWS * self.window)
+        recent = frozenset(g for g, e in op.moved_at.items() if e > op.table.epoch - 3)
         report = LoadReport(
             operator, op.table.owners, load, n, epoch=op.table.epoch, window_start=window_start,
             window=self.window, busy_seconds=[reports[i]["busy"] for i in range(n)],

@@ -29,7 +29,7 @@ from .keygroups import assign_to_key_group
 
 __all__ = ["Trace", "zipf_trace", "simulate", "summarize", "plot"]
 
-HYSTERESIS_WINDOWS = 3      # as the plugin: groups moved in the last 3 windows are "recent"
+HYSTERESIS_EPOCHS = 3       # as the plugin: groups moved in the last 3 epochs are "recent"
 
 
 @dataclass
@@ -217,7 +217,7 @@ def simulate(trace: Trace, balancer: str | Balancer | None = "autoflow", instanc
                                                       trace.hot_loads[w].tolist()))
         report = LoadReport(
             "simulated", owners, load, n, epoch=epoch, window_start=w * trace.window, window=trace.window,
-            recently_moved=frozenset(np.flatnonzero(moved_at > w - HYSTERESIS_WINDOWS).tolist()),
+            recently_moved=frozenset(np.flatnonzero(moved_at > epoch - HYSTERESIS_EPOCHS).tolist()),
             hot_keys=hot, splits=tuple(splits.items()), splittable=True,
         )
         inst = report.instance_load()
@@ -232,7 +232,7 @@ def simulate(trace: Trace, balancer: str | Balancer | None = "autoflow", instanc
                 epoch += 1
                 owners = owners.copy()
                 owners[changed] = new[changed]
-                moved_at[changed] = w
+                moved_at[changed] = epoch
                 moved = len(changed)
                 splits = after
                 quiet = cooldown_windows

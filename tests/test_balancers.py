@@ -60,7 +60,7 @@ def test_contract(name, report):
     moves = [m for m in plan if isinstance(m, Move)]
     moved = {g for m in moves for g in m.key_groups}
     assert len(moved) == sum(len(m.key_groups) for m in moves)  # no group moved twice
-    if name != "greedy":
+    if name not in ("greedy", "hybrid"):   # these re-pack, or thaw groups when stuck
         assert not moved & report.recently_moved               # hysteresis
     if not report.splittable:
         assert not any(isinstance(s, Split) and s.helpers for s in plan)
