@@ -25,6 +25,29 @@ def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_e
     return path
 
 
+class _OneShot:
+    """asv settings for a benchmark whose ``setup_cache`` runs the jobs once and whose
+    ``track_`` methods read the figures."""
+
+    timeout = 1800
+    number = 1
+    repeat = 1
+
+
+class _SpeedupOverStatic(_OneShot):
+    """Tracks for a ``setup_cache`` returning records/s per balancer, ``static`` included."""
+
+    def track_records_per_second(self, r, balancer):
+        return r[balancer]
+
+    track_records_per_second.unit = "records/s"
+
+    def track_speedup_over_static(self, r, balancer):
+        return r[balancer] / r["static"]
+
+    track_speedup_over_static.unit = "x static"
+
+
 def cluster(n_workers: int = 2):
     from distributed import Client, LocalCluster
 

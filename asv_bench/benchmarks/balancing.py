@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import cluster, median_rate, zipf_dataset
+from ._common import _SpeedupOverStatic, cluster, median_rate, zipf_dataset
 
 ROWS, KEYS, DRIFT = 3_200_000, 100_000, 800_000
 RATE, WINDOW, G, N = 400_000, 0.25, 256, 8
@@ -130,7 +130,7 @@ class PluginOverhead:
     track_ratio_plugin_static_to_plain.unit = "ratio"
 
 
-class CapacityBound:
+class CapacityBound(_SpeedupOverStatic):
     """Throughput under skew when instance capacity is the bottleneck (target: ``autoflow``
     >= 1.4 x ``static`` at skew 1.0).
 
@@ -164,13 +164,3 @@ class CapacityBound:
                     job.wait()
                     out[b] = job.summary()["records_per_second"]
         return out
-
-    def track_records_per_second(self, r, balancer):
-        return r[balancer]
-
-    track_records_per_second.unit = "records/s"
-
-    def track_speedup_over_static(self, r, balancer):
-        return r[balancer] / r["static"]
-
-    track_speedup_over_static.unit = "x static"

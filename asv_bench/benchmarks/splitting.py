@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import cluster, zipf_dataset
+from ._common import _OneShot, _SpeedupOverStatic, cluster, zipf_dataset
 
 ROWS, KEYS, N, G = 5_000_000, 100_000, 8, 1024
 BALANCERS = ["static", "autoflow", "hybrid"]
@@ -58,27 +58,25 @@ def _throughput_run(client, path, balancer):
         return job.summary()["records_per_second"]
 
 
-class SplitImbalance:
+def _each(run, skews):
+    """``run(client, path, balancer)`` for every skew and balancer, on one 2-worker cluster
+    whose plugin moves up to MAX_GROUPS key groups per plan."""
+    import dask
+
+    with dask.config.set({"streamlb.balancer.max-groups": MAX_GROUPS}):
+        cl, client = cluster(2)
+        with cl, client:
+            return {(skew, b): run(client, zipf_dataset(ROWS, KEYS, skew), b) for skew in skews for b in BALANCERS}
+
+
+class SplitImbalance(_OneShot):
     """Mean imbalance per window (target: ``hybrid`` <= 1.10 at skew 1.2 and 1.5)."""
 
-    timeout = 1800
-    number = 1
-    repeat = 1
     params = (SKEWS, BALANCERS)
     param_names = ["skew", "balancer"]
 
     def setup_cache(self):
-        import dask
-
-        out = {}
-        with dask.config.set({"streamlb.balancer.max-groups": MAX_GROUPS}):
-            cl, client = cluster(2)
-            with cl, client:
-                for skew in SKEWS:
-                    path = zipf_dataset(ROWS, KEYS, skew)
-                    for b in BALANCERS:
-                        out[(skew, b)] = _imbalance_run(client, path, b)
-        return out
+        return _each(_imbalance_run, SKEWS)
 
     def track_mean_imbalance(self, r, skew, balancer):
         """Windows that start once the first plan has been carried out (all, for static)."""
@@ -103,34 +101,12 @@ class SplitImbalance:
     track_split_epochs.unit = "epochs"
 
 
-class SplitThroughput:
+class SplitThroughput(_SpeedupOverStatic):
     """Closed-loop throughput with COST s per record at skew 1.2 (target: ``hybrid`` >= 2 x
     ``static``)."""
 
-    timeout = 1800
-    number = 1
-    repeat = 1
     params = [BALANCERS]
     param_names = ["balancer"]
 
     def setup_cache(self):
-        import dask
-
-        out = {}
-        with dask.config.set({"streamlb.balancer.max-groups": MAX_GROUPS}):
-            cl, client = cluster(2)
-            with cl, client:
-                path = zipf_dataset(ROWS, KEYS, 1.2)
-                for b in BALANCERS:
-                    out[b] = _throughput_run(client, path, b)
-        return out
-
-    def track_records_per_second(self, r, balancer):
-        return r[balancer]
-
-    track_records_per_second.unit = "records/s"
-
-    def track_speedup_over_static(self, r, balancer):
-        return r[balancer] / r["static"]
-
-    track_speedup_over_static.unit = "x static"
+        return {b: r for (_, b), r in _each(_throughput_run, [1.2]).items()}
