@@ -10,7 +10,7 @@ from streamz import Stream
 
 import streamlb
 from streamlb import MigrationError
-from test_pipeline import check_running_count, running_count
+from test_pipeline import check_emitted, check_running_count, running_count
 
 pytestmark = pytest.mark.spark
 
@@ -30,9 +30,9 @@ def two_workers():
 
 def pipeline(path, rate):
     src = Stream.from_parquet(path, batch_size=10_000, rate=rate)
-    src.key_by("key").aggregate(AGG, parallelism=3, name="totals")
+    totals = src.key_by("key").aggregate(AGG, parallelism=3, name="totals").sink_to_list()
     outs = src.key_by("key").stateful_map(running_count, parallelism=3, name="running").sink_to_list()
-    return src, outs
+    return src, outs, totals
 
 
 moves = st.lists(
@@ -50,7 +50,7 @@ moves = st.lists(
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(moves=moves)
 def test_random_moves_lose_nothing_and_keep_per_key_order(two_workers, zipf_path, zipf_frame, strategy, moves):
-    src, outs = pipeline(zipf_path, rate=250_000)            # about 1.2 s of stream
+    src, outs, totals = pipeline(zipf_path, rate=250_000)    # about 1.2 s of stream
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         for delay, op, groups, to in moves:
             time.sleep(delay)
@@ -64,6 +64,7 @@ def test_random_moves_lose_nothing_and_keep_per_key_order(two_workers, zipf_path
         job.wait(timeout=120)
         truth = zipf_frame.groupby("key").agg(**AGG)
         pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
+        check_emitted(totals, truth)        # never a partial value, even with lazy pulls
         check_running_count(pd.concat(outs), job.state("running"), zipf_frame)
         for op in ("totals", "running"):    # every key ended on the owner of its group
             held = job.state(op).index.to_numpy()
@@ -111,7 +112,7 @@ def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path, 
 
 
 def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_path, zipf_frame):
-    src, outs = pipeline(zipf_path, rate=600_000)
+    src, outs, _ = pipeline(zipf_path, rate=600_000)
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         before = job.routing("totals")
         with pytest.raises(MigrationError, match=r"'totals' has instances 0..2; cannot move key groups to instance 7"):
@@ -133,7 +134,7 @@ def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_p
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_frame, strategy):
-    src, outs = pipeline(zipf_path, rate=300_000)
+    src, outs, _ = pipeline(zipf_path, rate=300_000)
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         time.sleep(0.2)
         owners = job.routing("totals").owners

@@ -29,6 +29,21 @@ def check_aggregate(state: pd.DataFrame, frame: pd.DataFrame) -> None:
     np.testing.assert_allclose(state["mean"].to_numpy(), truth["mean"].to_numpy(), rtol=1e-12)
 
 
+def check_emitted(emitted: list, truth: pd.DataFrame) -> None:
+    """An aggregate's update stream against pandas: the last value per key is the final
+    one, and every value is the aggregate of the records applied so far. The driver
+    collects instances' outputs in any order, so order by count: no two values of a key
+    share one, and sum, max only grow, min only falls (values are >= 0)."""
+    out = pd.concat(emitted).reset_index().rename(columns={"index": "key"})
+    out = out.sort_values(["key", "count"], kind="stable")
+    pd.testing.assert_frame_equal(out.groupby("key").last()[truth.columns].sort_index(), truth, check_dtype=False)
+    assert not out.duplicated(["key", "count"]).any()
+    by_key = out.groupby("key")
+    for c, sign in (("sum", 1), ("max", 1), ("min", -1)):
+        if c in out:
+            assert (sign * by_key[c].diff().dropna() >= 0).all(), c
+
+
 def check_running_count(outputs: pd.DataFrame, state: pd.DataFrame, frame: pd.DataFrame) -> None:
     # each key lives in one log partition ordered by event time: its order is that order
     truth = frame.sort_values("event_time", kind="stable")

@@ -11,7 +11,7 @@ from streamz import Stream
 import streamlb
 from streamlb import MigrationError
 from streamlb.keygroups import assign_to_key_group
-from test_pipeline import running_count
+from test_pipeline import check_emitted, running_count
 
 pytestmark = pytest.mark.spark
 
@@ -38,19 +38,7 @@ def check_exact(job, emitted, frame):
                        f"{sorted(set(assign_to_key_group(off.index.to_numpy(), G).tolist()))}; history "
                        f"{[(e['epoch'], e['strategy'], e['key_groups'], e.get('splits')) for e in job.history]}")
     pd.testing.assert_frame_equal(state, truth, check_dtype=False)
-    out = pd.concat(emitted)
-    out = out.reset_index().rename(columns={"index": "key"})
-    # each emitted value is the aggregate of the records applied so far: per key, no two
-    # share a count, and ordered by count (the driver collects instances' outputs in any
-    # order) every aggregate only grows (values are >= 0)
-    out = out.sort_values(["key", "count"], kind="stable")
-    last = out.groupby("key").last()
-    pd.testing.assert_frame_equal(last.sort_index(), truth, check_dtype=False)
-    assert not out.duplicated(["key", "count"]).any()
-    by_key = out.groupby("key")
-    assert (by_key["sum"].diff().dropna() >= 0).all()
-    assert (by_key["max"].diff().dropna() >= 0).all()
-    assert (by_key["min"].diff().dropna() <= 0).all()
+    check_emitted(emitted, truth)
     m = job.metrics()
     assert m[m.operator == "totals"]["records"].sum() == len(frame)  # each row applied exactly once
 
