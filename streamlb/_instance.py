@@ -102,7 +102,6 @@ class _Migration:
         self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
         self.keys_asked = _state.KeySet()      # lazy, new owner: keys asked for
         self.keys_arrived = _state.KeySet()    # lazy, new owner: keys whose state (or none) came
-        self.early = _state.KeySet()           # lazy, aggregate: keys applied before their state came
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
         self.aligned_at: float | None = None         # old owner: markers from every router
@@ -478,17 +477,12 @@ class Instance:
         """
         st = self.stage
         held = False
-        hide = None
         if self._pending_in and len(frame) and not release:
             if groups is None:
                 groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
             wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
             if wait.any():
                 wait = self._lazy_arrived(frame, groups, wait)
-            if wait.any() and st.kind == "aggregate":
-                # lazy, combinable state: apply at once, merge the pulled state when it lands
-                early, hide = self._early(frame, groups, wait)
-                wait = wait & ~early
             if wait.any():
                 self._held.append(_Held(frame[wait], groups[wait], emitted, fut))
                 self._request_keys(frame[wait], groups[wait])
@@ -506,9 +500,6 @@ class Instance:
                 groups = None                       # rows went to the dead letters
             touched = self.store.update(frame, groups)
             out = self.store.frame(touched) if st.children else None
-            if out is not None and hide is not None:
-                # a key's value is emitted once its old state is merged, never partial
-                out = out[~out.index.isin(hide)]
         elif st.kind == "stateful_map":
             outs = self.store.update(frame)
             out = pd.DataFrame({st.key_name: frame[st.key_name].to_numpy(), "output": outs}) if st.children else None
@@ -707,33 +698,6 @@ class Instance:
                         m.first_applied = time.time()    # applied in this very batch
         return wait
 
-    def _early(self, frame, groups, wait: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Lazy, ``aggregate``: the rows of ``wait`` in lazily moving groups are applied at
-        once into partial aggregates; their keys' state is asked for, merged additively when
-        it lands, and only then are their values emitted. Returns those rows and their keys."""
-        lazy = [g for g, m in self._pending_in.items() if m.strategy == "lazy"]
-        early = wait & np.isin(groups, np.asarray(lazy, np.int64)) if lazy else np.zeros(len(wait), bool)
-        if not early.any():
-            return early, None
-        rows = frame[early]
-        self._request_keys(rows, groups[early])
-        keys = rows[self.stage.key_name].to_numpy()
-        now = time.time()
-        for g in np.unique(groups[early]).tolist():
-            m = self._pending_in[g]
-            sel = groups[early] == g
-            m.early.slots(keys[sel], groups[early][sel], self.key_groups, self.stage.key_name)
-            if m.first_applied is None:
-                m.first_applied = now
-        return early, pd.unique(keys)
-
-    async def _emit_merged(self, keys) -> None:
-        """Lazy, ``aggregate``: the values of keys applied early, now their state is merged."""
-        if len(keys) and self.stage.children:
-            out = self.store.frame_of(keys)
-            if len(out):
-                await self._run_steps(self.stage.children, out, time.time())
-
     def _request_keys(self, frame, groups) -> None:
         """Lazy: ask the old owners for the state of the keys of held rows, once per key."""
         keys = frame[self.stage.key_name].to_numpy()
@@ -862,8 +826,6 @@ class Instance:
         m = self._migs.get(epoch)
         if m is not None:
             k = np.asarray(keys)
-            if m.early.n:
-                await self._emit_merged(k[(m.early.lookup(k) >= 0) & (m.keys_arrived.lookup(k) < 0)])
             m.keys_arrived.slots(k, assign_to_key_group(k, self.key_groups, name=self.stage.key_name),
                                  self.key_groups, self.stage.key_name)
         asked = pd.Index(keys)
@@ -876,13 +838,9 @@ class Instance:
             self._pending_in.pop(g, None)
         m = self._migs[epoch]
         m.installed.update(groups)
-        if m.early.n:
-            e = m.early
-            k = e.keys[: e.n][np.isin(e.key_groups[: e.n], np.asarray(groups, np.int64))]
-            await self._emit_merged(k[m.keys_arrived.lookup(k) < 0])
         if len(m.installed) == len(m.incoming):
             m.installed_at = time.time()
-            m.keys_asked, m.keys_arrived, m.early = _state.KeySet(), _state.KeySet(), _state.KeySet()
+            m.keys_asked, m.keys_arrived = _state.KeySet(), _state.KeySet()
         self._maybe_done(m)
         arrived = np.fromiter(got, np.int64, len(got))
         await self._release(m, lambda h: np.isin(h.groups, arrived))

@@ -225,11 +225,6 @@ class AggregateState:
         parts = [sh.take(sh.held_slots(k)) for sh, _, k in self._by_shard(keys, groups)]
         return {"dtypes": dict(self.dtypes), "parts": [p for p in parts if len(p["keys"])]}
 
-    def frame_of(self, keys: np.ndarray) -> pd.DataFrame:
-        """The values of those of ``keys`` held here."""
-        touched = [(sh, sh.held_slots(k)) for sh, _, k in self._by_shard(keys, None)]
-        return self.frame(touched) if touched else self.shards[0].frame(np.empty(0, np.int64))
-
     def contains(self, keys: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
         """Whether each key has state here."""
         out = np.zeros(len(keys), bool)
