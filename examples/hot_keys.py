@@ -33,6 +33,7 @@ def main(workdir: str) -> None:
         state = job.state("per_key")
         metrics = job.metrics()
         splits = [e["splits"] for e in job.history if e["strategy"] == "split"]
+        trace = job.load_trace("per_key")          # load per window, hottest keys included
 
     frame = pd.concat(pd.read_parquet(os.path.join(path, f)) for f in sorted(os.listdir(path)))
     truth = frame.groupby("key").agg(n=("value", "count"), total=("value", "sum"))
@@ -42,6 +43,14 @@ def main(workdir: str) -> None:
     print("split epochs (key, helpers):", splits)
     print(per.to_string())
     print("state equals pandas over the same files")
+
+    # the recorded load, replayed with no cluster: moving groups alone cannot balance it
+    from streamlb.simulate import simulate, summarize
+
+    replay = summarize({b: simulate(trace, b) for b in ("static", "autoflow", "hybrid")})
+    print(replay[["mean_imbalance", "max_split_keys"]].to_string())
+    assert replay.loc["hybrid", "max_split_keys"] >= 1
+    assert replay.loc["hybrid", "mean_imbalance"] < replay.loc["autoflow", "mean_imbalance"]
 
 
 if __name__ == "__main__":

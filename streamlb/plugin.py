@@ -37,6 +37,7 @@ __all__ = ["BalancerPlugin", "dask_setup"]
 
 logger = logging.getLogger("streamlb.plugin")
 NAME = "streamlb-balancer"
+TRACE_HOT_KEYS = 64         # hottest keys kept per window in the load trace
 
 
 class _Job:
@@ -243,7 +244,8 @@ class BalancerPlugin(SchedulerPlugin):
             "window_start": window_start, "imbalance": measured, "floor": floor,
             "planned": report.imbalance(), "records": float(total), "epoch": op.table.epoch,
         })
-        j.trace[operator].append((window_start, load.astype(np.float32), op.table.owners.astype(np.int32), measured))
+        j.trace[operator].append((window_start, load.astype(np.float32), op.table.owners.astype(np.int32), measured,
+                                  [(k, c) for k, _, c in hot_keys[:TRACE_HOT_KEYS]]))
         if op.in_flight or time.time() - op.last_completed < self.cooldown:
             return
         if reports["final"]:
@@ -310,7 +312,9 @@ class BalancerPlugin(SchedulerPlugin):
         return self.state()
 
     def trace_handler(self, job: str, operator: str) -> dict:
-        """The windows kept for ``operator`` as .npy bytes: loads, owners, measured imbalance."""
+        """The windows kept for ``operator`` as .npy bytes: loads, owners, measured imbalance;
+        and, when the routers counted them (a balancer that splits keys) and they are
+        integers, each window's hottest keys and their records."""
         j = self._job(job)
         j.control.operator(operator)            # an unknown operator is named
         rows = list(j.trace.get(operator, ()))
@@ -321,11 +325,22 @@ class BalancerPlugin(SchedulerPlugin):
             np.save(buf, a, allow_pickle=False)
             return buf.getvalue()
 
-        return {"window": self.window, "instances": n,
-                "window_start": npy(np.array([r[0] for r in rows], np.float64)),
-                "loads": npy(np.array([r[1] for r in rows], np.float32).reshape(len(rows), G)),
-                "owners": npy(np.array([r[2] for r in rows], np.int32).reshape(len(rows), G)),
-                "measured": npy(np.array([r[3] for r in rows], np.float64))}
+        out = {"window": self.window, "instances": n,
+               "window_start": npy(np.array([r[0] for r in rows], np.float64)),
+               "loads": npy(np.array([r[1] for r in rows], np.float32).reshape(len(rows), G)),
+               "owners": npy(np.array([r[2] for r in rows], np.int32).reshape(len(rows), G)),
+               "measured": npy(np.array([r[3] for r in rows], np.float64))}
+        hot = [r[4] for r in rows]
+        if any(hot) and all(isinstance(k, (int, np.integer)) for h in hot for k, _ in h):
+            # windows padded to the same width with key -1 and no records
+            width = max(len(h) for h in hot)
+            keys = np.full((len(rows), width), -1, np.int64)
+            counts = np.zeros((len(rows), width))
+            for i, h in enumerate(hot):
+                keys[i, :len(h)] = [k for k, _ in h]
+                counts[i, :len(h)] = [c for _, c in h]
+            out["hot_keys"], out["hot_loads"] = npy(keys), npy(counts)
+        return out
 
 
 def _table_state(table) -> dict:

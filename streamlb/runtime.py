@@ -302,7 +302,8 @@ class Job:
                for k in ("window_start", "loads", "owners", "measured")}
         if not len(arr["loads"]):
             raise PipelineError(f"no load window of {operator!r} has been recorded yet")
-        return Trace(arr["loads"], int(r["instances"]), float(r["window"]), owners=arr["owners"][0],
+        hot = {k: np.load(io.BytesIO(r[k]), allow_pickle=False) for k in ("hot_keys", "hot_loads") if k in r}
+        return Trace(arr["loads"], int(r["instances"]), float(r["window"]), owners=arr["owners"][0], **hot,
                      recorded_owners=arr["owners"], measured=arr["measured"],
                      meta={"source": "job", "job": self.id, "operator": operator,
                            "window_start": arr["window_start"].tolist()})
