@@ -255,8 +255,12 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
                          return_exceptions=True)
 
 
-def key_group_of(key, key_groups: int) -> int:
-    return int(assign_to_key_group(np.asarray([key]), key_groups)[0])
+def key_group_of(key, key_groups: int, operator: str = "") -> int:
+    """Key group of one key; a key the hash cannot take is a MigrationError naming it."""
+    try:
+        return int(assign_to_key_group(np.asarray([key]), key_groups)[0])
+    except Exception as exc:
+        raise MigrationError(f"operator {operator!r}: key {key!r} cannot be split: {exc}") from None
 
 
 async def split(ctl: JobControl, call: Call, operator: str, changes: dict, *, timeout: float) -> RoutingTable:
@@ -288,8 +292,10 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
     n = old.parallelism
     splits = dict(old.splits)
     flush: dict[int, set[int]] = {}           # helper leaving keys -> their homes
+    groups = {key: key_group_of(key, old.key_groups, op.name) for key in changes}
+    await _check_settled(op, call, dict.fromkeys(groups.values()))
     for key, helpers in changes.items():
-        g = key_group_of(key, old.key_groups)
+        g = groups[key]
         home = int(old.owners[g])
         helpers = tuple(int(h) for h in helpers)
         bad = [h for h in helpers if not 0 <= h < n or h == home]
@@ -298,15 +304,14 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
                 f"operator {op.name!r}: cannot split key {key!r} over helpers {list(helpers)}; helpers are distinct "
                 f"instances in 0..{n - 1} other than the key's home {home} (owner of key group {g})"
             )
-        if any(g in groups for groups, _ in op.unsettled.values()):
-            raise MigrationError(f"operator {op.name!r}: key group {g} of key {key!r} is still moving; split it "
-                                 "once that epoch completes")
         for h in set(splits.get(key, ())) - set(helpers):
             flush.setdefault(h, set()).add(home)
         if helpers:
             splits[key] = helpers
         else:
             splits.pop(key, None)
+    if splits == dict(old.splits):
+        return old                             # nothing changes: no epoch
     new = RoutingTable(old.owners, n, old.epoch + 1, splits=tuple(splits.items()))
     epoch = new.epoch
     t0 = time.time()
@@ -324,7 +329,12 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
         status = await _gather("epoch status", [call(*op.owners[h], "epochs") for h in flush])
         return all(epoch in s["done"] for s in status)
 
-    await _until(flushed, timeout, f"split epoch {epoch} of {op.name} to complete")
+    try:
+        await _until(flushed, timeout, f"split epoch {epoch} of {op.name} to complete")
+    except MigrationError:
+        # partials may still be on their way to the homes: the keys' groups stay put
+        op.unsettled[epoch] = (sorted(set(groups.values())), sorted(flush))
+        raise
     ctl.history.append({
         "operator": op.name, "epoch": epoch, "strategy": "split", "key_groups": [],
         "splits": [[k, list(h)] for k, h in changes.items()], "from": sorted(flush), "to": [],

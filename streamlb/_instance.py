@@ -183,7 +183,7 @@ class Instance:
         # split keys: partial aggregates go to the key's home; the home finishes only once
         # every sibling said it sends no more (``peer_eos``)
         self._peer_eos: set[int] = set()
-        self._spread_at: dict[int, int] = collections.defaultdict(int)
+        self._spread_at: dict[int, dict] = collections.defaultdict(dict)   # target -> rows per split key
         shuffle = stage.shuffle or {}
         self._sketch = _shuffle.CostSketch() if shuffle.get("policy") == "osg" else None
         self._sketch_sent: dict[int, float] = {}
@@ -565,11 +565,11 @@ class Instance:
         return (self._finishing and not self._pending_in
                 and (not self._combines or len(self._peer_eos) == len(self.siblings) - 1))
 
-    async def _flush(self, m: "_Migration") -> None:
+    async def _flush(self, m: "_Migration", barriers: list) -> None:
         """A split key leaves this helper: once every partial sent to its home before the
-        switch is merged there (installs are in order: a barrier behind them), the epoch
-        is through here."""
-        await asyncio.gather(*[self._send_state(h, "barrier", m.epoch) for h in sorted(m.flush_to)])
+        switch is merged there (installs are in order: a barrier behind them, which the
+        home's loop takes as a no-op), the epoch is through here."""
+        await asyncio.gather(*barriers)
         m.flushed = True
         self._maybe_done(m)
 
@@ -739,7 +739,9 @@ class Instance:
                 m.aligned = True
                 m.aligned_at = time.time()
                 if m.flush_to:
-                    self._spawn(self._flush(m))
+                    # numbered now: ahead of the end-of-stream note this very EOS may send
+                    barriers = [self._send_state(h, "barrier", m.epoch) for h in sorted(m.flush_to)]
+                    self._spawn(self._flush(m, barriers))
                 if not m.outgoing:
                     continue
                 if m.strategy == "lazy":
@@ -817,6 +819,10 @@ class Instance:
         (``install``) or, with ``lazy``, single keys this owner asked for (``install_keys``;
         keys with no state come back empty). Queued ahead of the data in ``seq`` order;
         returns once applied."""
+        if self.status in ("done", "failed", "stopped"):
+            # nothing reads the queue any more: say so rather than leave the sender waiting
+            raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take {kind!r} from "
+                                f"instance {src} (message {seq})")
         fut = asyncio.get_running_loop().create_future()
         self._in_order(self._ctl_early[src], self._ctl_next, src, seq, (None, kind, 0.0, args, fut), self._ctl)
         await fut
@@ -994,7 +1000,6 @@ class Instance:
         partial = None
         if table.splits:
             dest, partial = table.spread(keys, groups, self._spread_at[target])
-            self._spread_at[target] += len(keys)
             if not partial.any():
                 partial = None
         else:
@@ -1164,6 +1169,12 @@ class Instance:
 
     def metrics(self) -> list[dict]:
         return list(self._rows)
+
+    def key_kind(self) -> str | None:
+        """dtype kind of the keys held here (``i``, ``u``, ``O``...), None before any."""
+        shards = getattr(self.store, "shards", ())
+        kinds = [np.dtype(sh.index.dtype).kind for sh in shards if sh.index.dtype is not None]
+        return kinds[0] if kinds else None
 
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0

@@ -251,12 +251,12 @@ class AggregateState:
         self._split_large(list(self.shards), every=True)
 
     # -- split keys ---------------------------------------------------------------------------
-    def partial(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> dict:
+    def partial(self, frame: pd.DataFrame) -> dict:
         """The aggregate of ``frame``'s rows alone, as a blob for :meth:`combine`: what a
         helper computes for the rows of a split key. Nothing is kept here."""
         tmp = AggregateState(self.operator, self.spec, self.key_name, self.groups)
         tmp.dtypes = dict(self.dtypes)
-        tmp.update(frame, groups)
+        tmp.update(frame)
         sh = tmp.shards[0]
         every = np.arange(sh.index.n)
         return {"dtypes": dict(tmp.dtypes),
@@ -270,13 +270,32 @@ class AggregateState:
             self.dtypes.setdefault(c, dt)
         touched = []
         for part in blob["parts"]:
+            tables = self._as_held(part["tables"])
             at = self._shard_of[part["key_groups"]]
             for s in np.unique(at).tolist():
                 sel = at == s
                 sh = self.shards[s]
                 touched.append((sh, sh._put(part["keys"][sel], part["key_groups"][sel],
-                                            {k: v[sel] for k, v in part["tables"].items()})))
+                                            {k: v[sel] for k, v in tables.items()})))
         return touched
+
+    def _as_held(self, tables: dict) -> dict:
+        """Partial tables in the dtypes held here (a helper may have seen a column as float
+        where this state holds ints, as a batch with a null does); a min or max over no value
+        becomes this table's identity rather than a cast infinity."""
+        out = {}
+        for (name, c), vals in tables.items():
+            dt = self.dtypes.get(c)
+            if name != "cnt" and dt is not None and vals.dtype != dt:
+                if name in ("min", "max") and dt.kind in "iu":
+                    empty = tables[("cnt", c)] == 0 if ("cnt", c) in tables else ~np.isfinite(vals)
+                    cast = np.full(len(vals), np.iinfo(dt).max if name == "min" else np.iinfo(dt).min, dt)
+                    cast[~empty] = vals[~empty].astype(dt)
+                    vals = cast
+                elif name != "sum" or dt.kind in "iu":
+                    vals = vals.astype(dt)
+            out[(name, c)] = vals
+        return out
 
     def reserve(self, groups) -> None:
         """Make room for incoming key groups ahead of their state: a shard of their own

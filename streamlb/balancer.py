@@ -225,6 +225,10 @@ def check_plan(report: LoadReport, plan: list) -> np.ndarray:
                                      f"0..{report.instances - 1}")
     owners = apply_plan(report.owners, plan)
     splits = [sp for sp in plan if isinstance(sp, Split)]
+    named = [sp.key for sp in splits]
+    twice = next((k for k in named if named.count(k) > 1), None)
+    if twice is not None:
+        raise ValueError(f"plan for {report.operator!r} names key {twice!r} in two splits; give each key one")
     for key in splits_after(report, plan):
         g = report.hot_group(key)
         if g is not None and owners[g] != report.owners[g]:

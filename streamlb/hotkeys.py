@@ -24,7 +24,8 @@ __all__ = ["SpaceSaving"]
 class SpaceSaving:
     """SpaceSaving over micro-batches: at most ``capacity`` counters.
 
-    Each batch is counted exactly and summarised by its ``capacity`` most frequent keys;
+    Each batch is counted exactly and summarised by its ``capacity`` most frequent keys (a key
+    of the window's summary left out is counted as the most a left-out key can have had);
     that summary is merged into the window's as two SpaceSaving summaries merge (Agarwal
     et al., "Mergeable summaries", 2012): a key new to a full summary starts from the
     summary's smallest count, which is also its possible error, and only the ``capacity``
@@ -51,9 +52,20 @@ class SpaceSaving:
             return
         self.total += len(keys)
         vc = pd.Series(keys, copy=False).value_counts(sort=False)
+        cut = 0
         if len(vc) > self.capacity:
-            vc = vc.nlargest(self.capacity)
+            top = vc.nlargest(self.capacity + 1)
+            cut = int(top.iloc[-1])         # a key left out had at most this many
+            vc = top.iloc[: self.capacity]
+        kept = set(vc.index.tolist()) if cut else ()
         self.merge(vc.index.tolist(), vc.to_numpy().tolist())
+        if cut:
+            # keys of the summary left out of this batch's top: count them as if they had
+            # ``cut`` rows, with that much error, so counts never fall short
+            for k, e in self._entries.items():
+                if k not in kept:
+                    e[0] += cut
+                    e[1] += cut
 
     def merge(self, keys, counts, errors=None) -> None:
         """Merge entries (``keys`` with their ``counts`` and ``errors``) into the summary."""

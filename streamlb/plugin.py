@@ -197,9 +197,7 @@ class BalancerPlugin(SchedulerPlugin):
             c = np.asarray(counts, dtype=np.float64)
             if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
                 raise ValueError(f"key-group counts from router {instance} of {operator!r} do not fit 0..{G - 1}")
-            hot = [(k, float(c)) for k, c in (hot or [])]
-            if any(c < 0 for _, c in hot):
-                raise ValueError(f"hot-key counts from router {instance} of {operator!r} must be >= 0")
+            hot = _hot_entries(hot, f"router {instance} of {operator!r}")
             slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final), "hot": hot}
         else:
             raise ValueError(f"report kind {kind!r} is neither 'owner' nor 'router'")
@@ -341,6 +339,20 @@ class BalancerPlugin(SchedulerPlugin):
                 counts[i, :len(h)] = [c for _, c in h]
             out["hot_keys"], out["hot_loads"] = npy(keys), npy(counts)
         return out
+
+
+def _hot_entries(hot, where: str) -> list:
+    """A router's ``[[key, count]...]``, checked: an integer or string key, a finite count >= 0."""
+    if hot is None:
+        return []
+    ok = isinstance(hot, (list, tuple)) and all(
+        isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], (int, str))
+        and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) and np.isfinite(e[1]) and e[1] >= 0
+        for e in hot)
+    if not ok:
+        raise ValueError(f"hot keys from {where} must be [key, count] pairs: an integer or string key and a "
+                         "finite count >= 0")
+    return [(k, float(c)) for k, c in hot]
 
 
 def _table_state(table) -> dict:

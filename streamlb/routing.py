@@ -25,9 +25,10 @@ class RoutingTable:
     A split key's rows are spread over its home (the owner of its key group) and helpers:
 
     >>> s = RoutingTable(t.owners, 2, 1, splits=((7, (1,)),))
-    >>> dest, partial = s.spread(np.array([7, 3, 7, 7]), np.array([0, 5, 0, 0]), 0)
-    >>> dest.tolist(), partial.tolist()
-    ([0, 1, 1, 0], [False, False, True, False])
+    >>> seen = {}
+    >>> dest, partial = s.spread(np.array([7, 3, 7, 7]), np.array([0, 5, 0, 0]), seen)
+    >>> dest.tolist(), partial.tolist(), seen
+    ([0, 1, 1, 0], [False, False, True, False], {7: 3})
     """
 
     owners: np.ndarray = field(repr=False)
@@ -85,11 +86,12 @@ class RoutingTable:
         """Split key -> its helpers."""
         return dict(self.splits)
 
-    def spread(self, keys: np.ndarray, groups: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    def spread(self, keys: np.ndarray, groups: np.ndarray, seen: dict) -> tuple[np.ndarray, np.ndarray]:
         """Destination of each row, and which rows go to a helper as partial records.
 
-        The rows of a split key go in turn to its home and each helper, starting at
-        ``offset`` (a router's running count, so small batches still spread evenly).
+        The rows of a split key go in turn to its home and each helper, continuing from
+        ``seen[key]``, the rows of that key this router spread before (updated here), so a
+        key with one row per batch still spreads evenly.
         """
         dest = self.owners[groups]
         partial = np.zeros(len(dest), bool)
@@ -102,12 +104,14 @@ class RoutingTable:
         except (TypeError, ValueError):
             return dest, partial        # keys of another type: none is split
         rows = np.flatnonzero(which >= 0)
-        for j, (_, helpers) in enumerate(self.splits):
+        for j, (key, helpers) in enumerate(self.splits):
             r = rows[which[rows] == j]
             if not len(r):
                 continue
             choices = np.array((int(dest[r[0]]),) + helpers, np.int64)
-            pick = (offset + np.arange(len(r))) % len(choices)
+            start = seen.get(key, 0)
+            seen[key] = start + len(r)
+            pick = (start + np.arange(len(r))) % len(choices)
             dest[r] = choices[pick]
             partial[r] = pick > 0
         return dest, partial

@@ -478,16 +478,34 @@ class Job:
         if self.status != "running":
             raise MigrationError(f"job {self.id} is {self.status}; splitting a key needs a running job")
         try:
-            helpers = [int(h) for h in helpers]
-        except (TypeError, ValueError):
-            raise MigrationError(f"operator {operator!r}: helpers must be instance numbers, got {helpers!r}") from None
+            helpers = list(helpers)
+        except TypeError:
+            helpers = [None]
+        if any(isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in helpers):
+            raise MigrationError(f"operator {operator!r}: helpers must be a list of instance numbers in "
+                                 f"0..{st.parallelism - 1}, got {helpers!r}")
+        helpers = [int(h) for h in helpers]
         key = key.item() if isinstance(key, np.generic) else key
+        self._check_key_type(st, key)
         if self.balancer is not None:
             state = self.client.sync(self.client.scheduler.streamlb_split, job=self.id, operator=operator,
                                      changes=[[key, helpers]])
             return _table(state, st.parallelism)
         return self.client.sync(split, self.control, self._call, operator, {key: tuple(helpers)},
                                 timeout=config.seconds("migration.timeout"))
+
+    def _check_key_type(self, st, key) -> None:
+        """A split key must be of the operator's key type, or no row would ever match it."""
+        kinds = [f.result() for f in [self.actors[(st.id, i)].key_kind() for i in range(st.parallelism)]]
+        kind = next((k for k in kinds if k is not None), None)
+        want = {"i": (int,), "u": (int,), "O": (str,), "b": (bool, np.bool_)}.get(kind)
+        if want is None:
+            return                          # nothing held yet, or a type the hash handles alike
+        ok = isinstance(key, want) and not (kind in "iu" and isinstance(key, bool))
+        if not ok:
+            names = {"i": "integers", "u": "integers", "O": "strings", "b": "booleans"}
+            raise MigrationError(f"operator {st.name!r} keys by {names[kind]}; key {key!r} is a "
+                                 f"{type(key).__name__}, so no record would ever match it")
 
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):

@@ -146,6 +146,8 @@ def test_bad_splits_are_refused():
     with pytest.raises(ValueError, match="key group 0 of 'op' holds split key 'a': merge the key back"):
         check_plan(split_now, [Move((0,), 0, 1)])
     assert check_plan(split_now, [Split("a"), Move((0,), 0, 1)]).tolist() == [1, 1]
+    with pytest.raises(ValueError, match="names key 'a' in two splits"):
+        check_plan(split_now, [Split("a", (1,)), Split("a")])
     stateful = LoadReport("op", np.array([0, 1]), np.array([5.0, 1.0]), 2, hot_keys=(("a", 0, 4.0),))
     with pytest.raises(ValueError, match="not combinable .stateful_map.; its keys cannot be split"):
         check_plan(stateful, [Split("a", (1,))])

@@ -129,6 +129,10 @@ def test_bad_splits_are_refused_and_the_job_keeps_running(two_workers, zipf_path
             job.split("totals", key, [h])
         with pytest.raises(MigrationError, match="helpers are distinct instances in 0..2"):
             job.split("totals", key, [7])
+        with pytest.raises(MigrationError, match=f"'totals' keys by integers; key '{key}' is a str"):
+            job.split("totals", str(key), [(h + 1) % N])
+        with pytest.raises(MigrationError, match=r"helpers must be a list of instance numbers in 0..2, got \[1.5\]"):
+            job.split("totals", key, [1.5])
         job.split("totals", key, [(h + 1) % N])
         g = assign_to_key_group(np.array([key]), G)[0]
         with pytest.raises(MigrationError, match=f"key group {g} holds key {key}, split over instances"):

@@ -154,3 +154,19 @@ def test_float_scatter_add_matches_ufunc_at(n, labels):
     got = np.zeros(n)
     _add_float(got, labels, values, n)
     np.testing.assert_array_equal(got, want)
+
+
+def test_partial_aggregates_combine_to_the_unsplit_state_even_across_dtypes():
+    # a helper that saw the column only as float (a null in its batch) sends float partials
+    # to a home holding ints: the result is what one state applying every batch holds
+    spec = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", "max"), "m": ("v", "mean")}
+    first = pd.DataFrame({"k": [1, 1, 2], "v": np.array([5, 7, 9], dtype=np.int64)})
+    second = pd.DataFrame({"k": [1, 2, 3], "v": [3.0, np.nan, np.nan]})
+    home, helper, whole = (AggregateState("a", spec, "k", 64) for _ in range(3))
+    home.update(first)
+    touched = home.combine(helper.partial(second))
+    assert sorted(home.frame(touched).index) == [1, 2, 3]
+    assert len(helper) == 0                              # a helper keeps nothing
+    whole.update(first)
+    whole.update(second)
+    pd.testing.assert_frame_equal(home.frame().sort_index(), whole.frame().sort_index())
