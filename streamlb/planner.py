@@ -61,6 +61,7 @@ class Stage:
     time_range: tuple | None = None                 # (min, max) of event_time, float seconds
     cost: float | str | None = None                 # emulated seconds per record, or its column
     shuffle: dict | None = None                     # rebalance: policy, feature, group
+    key_kind: str | None = None                     # keyed from Parquet: "i", "b" or "O" (strings)
     children: list = field(default_factory=list)
 
     @property
@@ -352,6 +353,7 @@ def _check_columns(plan: Plan) -> None:
                         f"operator {st.name!r}: key column {st.key!r} has type {t}, which the "
                         "key-group hash cannot take; valid key types are integers, booleans and strings"
                     )
+                st.key_kind = "i" if pt.is_integer(t) else "b" if pt.is_boolean(t) else "O"
 
 
 def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,

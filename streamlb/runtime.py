@@ -496,8 +496,10 @@ class Job:
 
     def _check_key_type(self, st, key) -> None:
         """A split key must be of the operator's key type, or no row would ever match it."""
-        kinds = [f.result() for f in [self.actors[(st.id, i)].key_kind() for i in range(st.parallelism)]]
-        kind = next((k for k in kinds if k is not None), None)
+        kind = st.key_kind          # known from the Parquet schema, else from the keys held
+        if kind is None:
+            kinds = [f.result() for f in [self.actors[(st.id, i)].key_kind() for i in range(st.parallelism)]]
+            kind = next((k for k in kinds if k is not None), None)
         want = {"i": (int,), "u": (int,), "O": (str,), "b": (bool, np.bool_)}.get(kind)
         if want is None:
             return                          # nothing held yet, or a type the hash handles alike
