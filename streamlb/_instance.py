@@ -615,6 +615,11 @@ class Instance:
         ``prefetch`` (lazy epochs): key group -> old owner. Routing rows of those groups to
         their new owners, this router also asks the old owners for their keys' state, so it
         travels while the rows do."""
+        if prefetch is None and self._only_adds_helpers(target, table):
+            # nobody waits for this epoch's marker, and a batch routes by the table it read
+            # when it began: switch now, not after a batch stalled on credits
+            self.tables[target] = table
+            return
         async with self._xlocks[target]:
             self.tables[target] = table
             self._prefetch[target] = (table.epoch, {int(g): int(o) for g, o in prefetch.items()},
@@ -623,6 +628,15 @@ class Instance:
                 return          # end of stream already told these owners: no more records
             for ch in self.outputs[target]:
                 await ch.send("marker", time.time(), table.epoch)
+
+    def _only_adds_helpers(self, target: int, table: RoutingTable) -> bool:
+        """``table`` differs from the one in force only by new helpers of split keys: no key
+        group moves and no helper stops, so no owner aligns on its marker."""
+        old = self.tables.get(target)
+        if old is None or not np.array_equal(old.owners, table.owners):
+            return False
+        now, new = old.split_map(), table.split_map()
+        return all(set(h) <= set(new.get(k, ())) for k, h in now.items())
 
     def _prefetch_keys(self, target: int, keys, groups, dest) -> None:
         """Lazy: ask old owners for the state of moving keys as their rows leave, once per key."""
