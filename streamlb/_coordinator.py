@@ -270,7 +270,8 @@ async def split(ctl: JobControl, call: Call, operator: str, changes: dict, *, ti
     Routers switch to the new table at a batch boundary and put the epoch's marker on every
     channel. A helper that stops helping with a key finishes the epoch once it holds the
     marker from every router and every partial it sent the home is merged there; new
-    helpers need nothing (they hold no state).
+    helpers need nothing (they hold no state), so an epoch that only adds helpers switches
+    the routers at once, with no marker. A change that changes nothing takes no epoch.
     """
     op = ctl.operator(operator)
     if op.kind != "aggregate":
