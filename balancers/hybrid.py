@@ -15,8 +15,9 @@ class HybridBalancer(AutoFlowBalancer):
 
     A key whose load alone exceeds ``split_at`` × the mean instance load cannot be balanced
     by moving its key group: it is split over ``d = ceil(load / (piece × mean))``
-    instances, its home and the ``d - 1`` coldest others, so each share is at most
-    ``piece`` × the mean. A split key grows more helpers when its load grows, and is merged
+    instances, its home and ``d - 1`` others, so each share is at most ``piece`` × the
+    mean. Helpers go where the least load cannot move (shares of split keys and their
+    pinned groups), then where the least load is, so shares do not pile up. A split key grows more helpers when its load grows, and is merged
     back once its load falls under ``merge_below`` × the mean (hysteresis: it is not split
     again until it passes ``split_at``). Then, as ``autoflow``, while some instance is above
     the mean by more than ``threshold``, the key group whose move from the hottest
