@@ -17,9 +17,10 @@ class HybridBalancer(AutoFlowBalancer):
     by moving its key group: it is split over ``d = ceil(load / (piece × mean))``
     instances, its home and ``d - 1`` others, so each share is at most ``piece`` × the
     mean. Helpers go where the least load cannot move (shares of split keys and their
-    pinned groups), then where the least load is, so shares do not pile up. A split key grows more helpers when its load grows, and is merged
-    back once its load falls under ``merge_below`` × the mean (hysteresis: it is not split
-    again until it passes ``split_at``). Then, as ``autoflow``, while some instance is above
+    pinned groups), then where the least load is, so shares do not pile up. A split key
+    gets more helpers when its load grows, and is merged back once its load falls under
+    ``merge_below`` × the mean (hysteresis: it is not split again until it passes
+    ``split_at``). Then, as ``autoflow``, while some instance is above
     the mean by more than ``threshold``, the key group whose move from the hottest
     instance to the coldest lowers the maximum most is moved. Groups holding a split key
     stay where they are. Where no single move lowers the maximum, swapping a group of the
