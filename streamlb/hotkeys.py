@@ -43,14 +43,12 @@ class SpaceSaving:
         if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"SpaceSaving: capacity must be a positive integer, got {capacity!r}")
         self.capacity = int(capacity)
-        self.total = 0
         self._entries: dict = {}            # key -> [count, error]
 
     def add(self, keys: np.ndarray) -> None:
         """Count one batch of keys."""
         if not len(keys):
             return
-        self.total += len(keys)
         vc = pd.Series(keys, copy=False).value_counts(sort=False)
         cut = 0
         if len(vc) > self.capacity:
@@ -67,17 +65,16 @@ class SpaceSaving:
                     e[0] += cut
                     e[1] += cut
 
-    def merge(self, keys, counts, errors=None) -> None:
-        """Merge entries (``keys`` with their ``counts`` and ``errors``) into the summary."""
+    def merge(self, keys, counts) -> None:
+        """Merge exact counts of ``keys`` into the summary."""
         e = self._entries
         floor = min(c for c, _ in e.values()) if len(e) >= self.capacity else 0
-        for k, c, err in zip(keys, counts, errors if errors is not None else [0] * len(counts)):
+        for k, c in zip(keys, counts):
             have = e.get(k)
             if have is None:
-                e[k] = [int(c) + floor, int(err) + floor]
+                e[k] = [int(c) + floor, floor]
             else:
                 have[0] += int(c)
-                have[1] += int(err)
         if len(e) > self.capacity:
             keep = sorted(e.items(), key=lambda kv: -kv[1][0])[: self.capacity]
             self._entries = dict(keep)
@@ -90,7 +87,6 @@ class SpaceSaving:
 
     def clear(self) -> None:
         """Start a new window."""
-        self.total = 0
         self._entries = {}
 
     def __len__(self) -> int:
