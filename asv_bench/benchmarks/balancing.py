@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import _SpeedupOverStatic, cluster, median_rate, zipf_dataset
+from ._common import _OneShot, _SpeedupOverStatic, cluster, median_rate, zipf_dataset
 
 ROWS, KEYS, DRIFT = 3_200_000, 100_000, 800_000
 RATE, WINDOW, G, N = 400_000, 0.25, 256, 8
@@ -49,10 +49,7 @@ def _windows_to_floor(r) -> float:
     return float(worst)
 
 
-class DriftingZipf:
-    timeout = 1800
-    number = 1
-    repeat = 1
+class DriftingZipf(_OneShot):
     params = (SKEWS, BALANCERS)
     param_names = ["skew", "balancer"]
 
@@ -88,13 +85,11 @@ class DriftingZipf:
     track_migration_epochs.unit = "epochs"
 
 
-class PluginOverhead:
+class PluginOverhead(_OneShot):
     """Throughput with the plugin on and ``static`` vs the same pipeline without it
     (target: ratio >= 0.95). Same data as the throughput benchmark."""
 
     timeout = 1200
-    number = 1
-    repeat = 1
 
     def setup_cache(self):
         from streamz import Stream
@@ -140,9 +135,6 @@ class CapacityBound(_SpeedupOverStatic):
     as throughput. Closed loop (no rate limit); plans move in one epoch (``all-at-once``).
     """
 
-    timeout = 1800
-    number = 1
-    repeat = 1
     params = [BALANCERS]
     param_names = ["balancer"]
     ROWS, COST, SKEW, GROUPS, WINDOW = 12_800_000, 1e-5, 1.0, 1024, 0.5

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 
-from ._common import cluster, zipf_dataset
+from ._common import _OneShot, cluster, zipf_dataset
 
 ROWS, KEYS = 10_000_000, 14_000_000
 RATE = 600_000
@@ -92,10 +92,7 @@ def _run(client, path, strategy):
     }
 
 
-class LargeStateMigration:
-    timeout = 1800
-    number = 1
-    repeat = 1
+class LargeStateMigration(_OneShot):
     params = [STRATEGIES]
     param_names = ["strategy"]
 

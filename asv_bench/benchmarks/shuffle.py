@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import cluster, zipf_dataset
+from ._common import _OneShot, cluster, zipf_dataset
 
 ROWS, KEYS, SKEW = 3_200_000, 100_000, 1.0
 RATE, N, BATCH, KINDS, MEAN_COST = 200_000, 8, 8_192, 64, 25e-6
@@ -51,10 +51,7 @@ def _run(client, path, balancer, costs):
             "p99_ms": float(p99[order][np.searchsorted(cum, 0.99)])}
 
 
-class ShuffleBalancing:
-    timeout = 1800
-    number = 1
-    repeat = 1
+class ShuffleBalancing(_OneShot):
     params = [BALANCERS]
     param_names = ["balancer"]
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import time
 
-from ._common import cluster, zipf_dataset
+from ._common import _OneShot, cluster, zipf_dataset
 from .balancing import DRIFT, KEYS, N, RATE, ROWS, WINDOW
 
 
-class Simulator:
+class Simulator(_OneShot):
     timeout = 1200
-    number = 1
-    repeat = 1
 
     def setup_cache(self):
         from streamz import Stream

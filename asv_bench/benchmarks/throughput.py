@@ -2,7 +2,7 @@
 2 worker processes (targets: aggregate >= 10M records/s, stateful_map >= 1M records/s)."""
 from __future__ import annotations
 
-from ._common import cluster, median_rate, zipf_dataset
+from ._common import _OneShot, cluster, median_rate, zipf_dataset
 
 ROWS, KEYS, SKEW = 5_000_000, 100_000, 1.2
 BATCH = 131_072
@@ -12,10 +12,8 @@ def _noop(state, record):
     return state, None
 
 
-class Throughput:
+class Throughput(_OneShot):
     timeout = 900
-    number = 1
-    repeat = 1
     unit = "records/s"
 
     def setup_cache(self):
