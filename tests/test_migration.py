@@ -156,7 +156,7 @@ def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers
     import dask
 
     path, df = wide_path
-    src = Stream.from_parquet(path, batch_size=20_000, rate=600_000)     # 2.5 s: ends after the moves
+    src = Stream.from_parquet(path, batch_size=20_000, rate=1_000_000)   # 1.5 s; a large state at 0.5 s
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         time.sleep(0.5)
