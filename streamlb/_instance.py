@@ -99,22 +99,66 @@ class _Migration:
         self.installed: set[int] = set()
         self.flush_to: set[int] = set()        # split keys leaving this helper: their homes
         self.flushed = False
-        self.key_requests: list[tuple[int, np.ndarray]] = []   # lazy: (new owner, keys) before alignment
-        self.keys_asked = _state.KeySet()      # lazy, new owner: keys asked for
-        self.keys_arrived = _state.KeySet()    # lazy, new owner: keys whose state (or none) came
+        self.key_requests: list[tuple] = []    # lazy, old owner: key requests before alignment
+        # lazy, new owner: per (router, old owner), how many of the router's key requests
+        # have been served in a row from the first (and those served out of order)
+        self.served: dict[tuple[int, int], int] = {}
+        self.served_early: dict[tuple[int, int], set[int]] = collections.defaultdict(set)
         self.applied_while_waiting = 0
         self.first_applied: float | None = None      # first held row of a moved group applied
         self.aligned_at: float | None = None         # old owner: markers from every router
         self.installed_at: float | None = None       # new owner: the last incoming group installed
 
+    def serve(self, router: int, old: int, request: int) -> None:
+        """Key request ``request`` of ``router`` to ``old`` is installed here."""
+        early = self.served_early[(router, old)]
+        early.add(request)
+        n = self.served.get((router, old), 0)
+        while n + 1 in early:
+            early.discard(n + 1)
+            n += 1
+        self.served[(router, old)] = n
+
+    def ready(self, router: int, need: dict) -> bool:
+        """Whether every key request ``router`` had sent by a batch (``need``: old owner ->
+        requests) is installed: then each key of that batch has its state here, or none."""
+        return all(self.served.get((router, o), 0) >= n for o, n in need.items())
+
+    def lazy_rows(self, groups: np.ndarray, pending: dict) -> np.ndarray:
+        """Rows of ``groups`` whose state this (lazy) epoch is still bringing."""
+        mine = [g for g, m in pending.items() if m is self]
+        return np.isin(groups, np.asarray(mine, np.int64)) if mine else np.zeros(len(groups), bool)
+
+
+class _Prefetch:
+    """Router side of a lazy epoch: as the rows of moving key groups leave for their new
+    owners, ask the old owners for those keys' state, once per key, and number the
+    requests per (old owner, new owner); each batch to a new owner carries the counts so
+    far, so the new owner knows which requests cover its keys."""
+
+    def __init__(self, epoch: int, old: dict, key_groups: int, new_owners) -> None:
+        self.epoch = epoch
+        self.old = np.full(key_groups, -1, np.int64)
+        self.old[np.fromiter(old, np.int64, len(old))] = np.fromiter(old.values(), np.int64, len(old))
+        self.new_owners = {int(o) for o in new_owners}
+        self.asked = _state.KeySet()
+        self.sent: dict[tuple[int, int], int] = collections.defaultdict(int)
+
+    def tag(self, dest: int):
+        """What a batch to ``dest`` needs: (epoch, old owner -> requests sent), or None."""
+        if dest not in self.new_owners:
+            return None
+        return self.epoch, {o: n for (o, d), n in self.sent.items() if d == dest}
+
 
 class _Held:
-    """Rows of key groups whose state has not arrived yet, with their batch's credit."""
+    """Rows of key groups whose state has not arrived yet, with their batch's credit and,
+    for a lazy epoch, what the batch needs (epoch, router, old owner -> requests)."""
 
-    __slots__ = ("frame", "groups", "emitted", "fut")
+    __slots__ = ("frame", "groups", "emitted", "fut", "need")
 
-    def __init__(self, frame, groups, emitted, fut) -> None:
-        self.frame, self.groups, self.emitted, self.fut = frame, groups, emitted, fut
+    def __init__(self, frame, groups, emitted, fut, need=None) -> None:
+        self.frame, self.groups, self.emitted, self.fut, self.need = frame, groups, emitted, fut, need
 
 
 class _Window:
@@ -211,7 +255,7 @@ class Instance:
             for key_groups_ in [self.key_groups]
         }
         self._xlocks = collections.defaultdict(asyncio.Lock)
-        self._prefetch: dict[int, tuple | None] = {}
+        self._prefetch: dict[int, _Prefetch | None] = {}
         self._combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
         # exchange[6]: counters of the heavy-hitter sketch, for balancers that split keys
         self._hot = {t: SpaceSaving(int(x[6]))
@@ -438,10 +482,13 @@ class Instance:
             try:
                 if kind == "data":
                     held = await self._apply(frame, emitted, fut)
+                elif kind == "tagged":          # a batch routed in a lazy epoch
+                    held = await self._apply(frame[0], emitted, fut, need=(sender, frame[1]))
                 elif kind == "mixed":
-                    own, partials = frame
+                    own, partials, tag = frame
                     await self._apply_partials(partials, emitted)
-                    held = await self._apply(own, emitted, fut) if len(own) else False
+                    need = (sender, tag) if tag is not None else None
+                    held = await self._apply(own, emitted, fut, need=need) if len(own) else False
                 elif kind == "combine":
                     await self._combine(*frame)
                 elif kind == "peer_eos":
@@ -468,9 +515,10 @@ class Instance:
                 await self._finish()
                 return
 
-    async def _apply(self, frame, emitted, fut=None, groups=None, release=False) -> bool:
+    async def _apply(self, frame, emitted, fut=None, groups=None, release=False, need=None) -> bool:
         """Apply a batch; rows of key groups whose state is still on its way are held back
-        (with ``lazy``, only rows of keys whose state is not here yet). ``release``: rows
+        (with ``lazy``, only until the key requests the batch's router had sent by then are
+        installed: ``need`` is (router, (epoch, old owner -> requests))). ``release``: rows
         being let out of the hold.
 
         Returns True when rows were held: the batch's credit returns once they are applied.
@@ -481,11 +529,21 @@ class Instance:
             if groups is None:
                 groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
             wait = np.isin(groups, np.fromiter(self._pending_in, np.int64, len(self._pending_in)))
+            hold_need = None
+            if wait.any() and need is not None:
+                router, (epoch, counts) = need
+                m = self._migs.get(epoch)
+                if m is not None and m.strategy == "lazy":
+                    lazy = wait & m.lazy_rows(groups, self._pending_in)
+                    if m.ready(router, counts):
+                        if lazy.any():
+                            wait = wait & ~lazy        # their keys' state (or none) is here
+                            if m.first_applied is None:
+                                m.first_applied = time.time()
+                    else:
+                        hold_need = (epoch, router, counts)
             if wait.any():
-                wait = self._lazy_arrived(frame, groups, wait)
-            if wait.any():
-                self._held.append(_Held(frame[wait], groups[wait], emitted, fut))
-                self._request_keys(frame[wait], groups[wait])
+                self._held.append(_Held(frame[wait], groups[wait], emitted, fut, hold_need))
                 frame, groups = frame[~wait], groups[~wait]
                 held = True
                 if not len(frame):
@@ -622,8 +680,9 @@ class Instance:
             return
         async with self._xlocks[target]:
             self.tables[target] = table
-            self._prefetch[target] = (table.epoch, {int(g): int(o) for g, o in prefetch.items()},
-                                      _state.KeySet()) if prefetch else None
+            self._prefetch[target] = _Prefetch(
+                table.epoch, {int(g): int(o) for g, o in prefetch.items()}, self.key_groups,
+                table.owners[np.fromiter(prefetch, np.int64, len(prefetch))].tolist()) if prefetch else None
             if target in self._eos_sent_to:
                 return          # end of stream already told these owners: no more records
             for ch in self.outputs[target]:
@@ -639,25 +698,29 @@ class Instance:
         return all(set(h) <= set(new.get(k, ())) for k, h in now.items())
 
     def _prefetch_keys(self, target: int, keys, groups, dest) -> None:
-        """Lazy: ask old owners for the state of moving keys as their rows leave, once per key."""
-        epoch, old, asked = self._prefetch[target]
-        olds = np.fromiter((old.get(g, -1) for g in groups.tolist()), np.int64, len(groups))
+        """Lazy: ask old owners for the state of moving keys as their rows leave, once per
+        key (the new owner holds those rows until the requests are served)."""
+        pf = self._prefetch[target]
+        olds = pf.old[groups]
         moving = olds >= 0
         if not moving.any():
             return
         k, g, o, d = keys[moving], groups[moving], olds[moving], dest[moving]
-        new = asked.lookup(k) < 0
+        n_before = pf.asked.n
+        slots = pf.asked.slots(k, g, self.key_groups, "key")
+        new = slots >= n_before            # first seen now (a key twice in the batch: both rows)
+        if not new.any():
+            return
         k, g, o, d = k[new], g[new], o[new], d[new]
         first = ~pd.Index(k).duplicated()
         k, g, o, d = k[first], g[first], o[first], d[first]
-        if not len(k):
-            return
-        asked.slots(k, g, self.key_groups, "key")
         chans = self.outputs[target]
         for src in np.unique(o).tolist():
             for to in np.unique(d[o == src]).tolist():
                 sel = (o == src) & (d == to)
-                self._spawn(chans[src].peer.call("fetch_keys", epoch, to, k[sel]))
+                pf.sent[(src, to)] += 1
+                self._spawn(chans[src].peer.call("fetch_keys", pf.epoch, to, k[sel], g[sel],
+                                                 self.index, pf.sent[(src, to)]))
 
     async def pause(self) -> None:
         self._gate.clear()
@@ -690,50 +753,6 @@ class Instance:
         if incoming:
             self.store.reserve(incoming)
         self._check_alignment()
-
-    def _lazy_arrived(self, frame, groups, wait: np.ndarray) -> np.ndarray:
-        """``wait`` less the rows of lazily moving groups whose key already has its state
-        here (pulled, or started here by an earlier row released after its pull)."""
-        lazy = [g for g, m in self._pending_in.items() if m.strategy == "lazy"]
-        if not lazy:
-            return wait
-        rows = np.flatnonzero(wait & np.isin(groups, np.asarray(lazy, np.int64)))
-        if len(rows):
-            k = frame[self.stage.key_name].to_numpy()[rows]
-            here = self.store.contains(k, groups[rows])
-            for m in {id(m): m for m in self._pending_in.values() if m.strategy == "lazy"}.values():
-                here |= m.keys_arrived.lookup(k) >= 0
-            if here.any():
-                wait = wait.copy()
-                wait[rows[here]] = False
-                for g in np.unique(groups[rows[here]]).tolist():
-                    m = self._pending_in[g]
-                    if m.first_applied is None:
-                        m.first_applied = time.time()    # applied in this very batch
-        return wait
-
-    def _request_keys(self, frame, groups) -> None:
-        """Lazy: ask the old owners for the state of the keys of held rows, once per key."""
-        keys = frame[self.stage.key_name].to_numpy()
-        src = np.full(len(groups), -1, np.int64)
-        migs = {}
-        for g in np.unique(groups).tolist():
-            m = self._pending_in.get(g)
-            if m is not None and m.strategy == "lazy":
-                src[groups == g] = m.incoming[g]
-                migs[m.epoch] = m
-        for m in migs.values():
-            mine = np.isin(groups, np.fromiter(m.incoming, np.int64, len(m.incoming))) & (src >= 0)
-            k, g, s = keys[mine], groups[mine], src[mine]
-            new = m.keys_asked.lookup(k) < 0
-            if not new.any():
-                continue
-            k, g, s = k[new], g[new], s[new]
-            first = ~pd.Index(k).duplicated()
-            k, g, s = k[first], g[first], s[first]
-            m.keys_asked.slots(k, g, self.key_groups, self.stage.key_name)
-            for o in np.unique(s).tolist():
-                self._spawn(self.siblings[o].call("fetch_keys", m.epoch, self.index, k[s == o]))
 
     async def abort(self, epoch: int) -> None:
         """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
@@ -790,23 +809,26 @@ class Instance:
         await asyncio.gather(*sends)
         self._maybe_done(m)
 
-    async def fetch_keys(self, epoch: int, dest: int, keys) -> None:
-        """Lazy: new owner ``dest`` asks for the state of ``keys`` (of groups moving to it)."""
+    async def fetch_keys(self, epoch: int, dest: int, keys, groups, router: int, request: int) -> None:
+        """Lazy: router ``router`` routes rows of ``keys`` (of ``groups``, moving to ``dest``)
+        and asks for their state on ``dest``'s behalf (its ``request``-th such request)."""
         m = self._migs.get(epoch)
         if m is None:
             return
         if not m.aligned:
-            m.key_requests.append((dest, keys))     # served first at alignment
+            m.key_requests.append((dest, router, request, keys, groups))     # served first at alignment
             return
-        await self._ship_keys(m, dest, keys)
+        await self._ship_keys(m, dest, [(router, request, keys, groups)])
 
-    async def _ship_keys(self, m: "_Migration", dest: int, keys) -> None:
-        keys = np.asarray(keys)
-        groups = assign_to_key_group(keys, self.key_groups, name=self.stage.key_name)
+    async def _ship_keys(self, m: "_Migration", dest: int, requests: list) -> None:
+        """Cut the state of the keys of ``requests`` (router, request, keys, groups) still
+        here and send it to ``dest``, which then knows those requests served."""
+        keys = np.concatenate([np.asarray(r[2]) for r in requests])
+        groups = np.concatenate([np.asarray(r[3], np.int64) for r in requests])
         waiting = [g for g in m.outgoing if g not in m.sent]     # groups whose state is still here
         mine = np.isin(groups, np.asarray(waiting, np.int64))
         blob = self.store.cut_keys(keys[mine], groups[mine])
-        await self._send_state(dest, "install_keys", (m.epoch, keys, blob))
+        await self._send_state(dest, "install_keys", (m.epoch, self.index, [r[:2] for r in requests], blob))
 
     def _maybe_done(self, m: "_Migration") -> None:
         # an owner may give and take key groups in the same epoch: both sides must be through
@@ -819,9 +841,9 @@ class Instance:
         of the groups ``lazy-step`` at a time (key requests get in between chunks)."""
         requests, m.key_requests = m.key_requests, []
         by_dest: dict[int, list] = collections.defaultdict(list)
-        for dest, keys in requests:
-            by_dest[dest].append(np.asarray(keys))
-        await asyncio.gather(*[self._ship_keys(m, dest, np.concatenate(ks)) for dest, ks in by_dest.items()])
+        for dest, *request in requests:
+            by_dest[dest].append(request)
+        await asyncio.gather(*[self._ship_keys(m, dest, rs) for dest, rs in by_dest.items()])
         step = max(1, int(self._lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
         for i in range(0, len(rest), step):
@@ -841,15 +863,20 @@ class Instance:
         self._in_order(self._ctl_early[src], self._ctl_next, src, seq, (None, kind, 0.0, args, fut), self._ctl)
         await fut
 
-    async def _install_keys(self, epoch: int, keys, blob) -> None:
+    async def _install_keys(self, epoch: int, src: int, requests: list, blob) -> None:
         self.store.install(blob)
         m = self._migs.get(epoch)
-        if m is not None:
-            k = np.asarray(keys)
-            m.keys_arrived.slots(k, assign_to_key_group(k, self.key_groups, name=self.stage.key_name),
-                                 self.key_groups, self.stage.key_name)
-        asked = pd.Index(keys)
-        await self._release(m, lambda h: h.frame[self.stage.key_name].isin(asked).to_numpy())
+        if m is None:
+            return
+        for router, request in requests:
+            m.serve(router, src, request)
+
+        def ready(h: _Held) -> np.ndarray:
+            if h.need is None or h.need[0] != epoch or not m.ready(h.need[1], h.need[2]):
+                return np.zeros(len(h.groups), bool)
+            return m.lazy_rows(h.groups, self._pending_in)
+
+        await self._release(m, ready)
 
     async def _install(self, epoch: int, groups: list[int], blob) -> None:
         self.store.install(blob)
@@ -860,7 +887,6 @@ class Instance:
         m.installed.update(groups)
         if len(m.installed) == len(m.incoming):
             m.installed_at = time.time()
-            m.keys_asked, m.keys_arrived = _state.KeySet(), _state.KeySet()
         self._maybe_done(m)
         arrived = np.fromiter(got, np.int64, len(got))
         await self._release(m, lambda h: np.isin(h.groups, arrived))
@@ -890,7 +916,7 @@ class Instance:
         self._marks.pop(epoch, None)
         self._done_epochs.discard(epoch)
         pf = self._prefetch.get(target) if target is not None else None
-        if pf is not None and pf[0] == epoch:
+        if pf is not None and pf.epoch == epoch:
             self._prefetch[target] = None
 
     def epochs(self) -> dict:
@@ -1021,7 +1047,8 @@ class Instance:
         hot = self._hot.get(target)
         if hot is not None:
             hot.add(keys)
-        if self._prefetch.get(target):
+        pf = self._prefetch.get(target)
+        if pf is not None:
             self._prefetch_keys(target, keys, groups, dest)
         if len(self.exchanges[target]) > 4 and self.exchanges[target][4]:
             # the balancer's load per key group is counted here, where groups are known
@@ -1038,11 +1065,15 @@ class Instance:
                 homes = table.owners[groups[part]]
                 own = x.take(np.flatnonzero((dest == i) & ~partial))
                 partials = [(h, x.take(part[homes == h])) for h in np.unique(homes).tolist()]
-                await ch.send("mixed", emitted, (own, partials))
+                await ch.send("mixed", emitted, (own, partials, pf.tag(i) if pf is not None else None))
                 continue
             idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
             if len(idx):
-                await ch.send("data", emitted, x.take(idx))
+                tag = pf.tag(i) if pf is not None else None
+                if tag is None:
+                    await ch.send("data", emitted, x.take(idx))
+                else:
+                    await ch.send("tagged", emitted, (x.take(idx), tag))
 
     def _dead_letter(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
         for rec, why in zip(rows.to_dict("records"), reasons):

@@ -1,6 +1,9 @@
 """Keyed state stores of the two stateful operators."""
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
 import numpy as np
 import pandas as pd
 from pandas._libs import hashtable as _ht
@@ -105,6 +108,31 @@ def _add_float(target: np.ndarray, labels: np.ndarray, values: np.ndarray, n: in
 SHARD_KEYS = 1 << 17
 
 
+# Shards of integer keys this large split in a background thread (pandas' integer hash
+# tables are built without the GIL), so the event loop never stalls for a split; smaller
+# shards, and shards of string keys, split at once.
+SPLIT_IN_THREAD = 1 << 14
+
+_splitter: concurrent.futures.ThreadPoolExecutor | None = None
+_splitter_lock = threading.Lock()
+
+
+def _split_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _splitter
+    with _splitter_lock:
+        if _splitter is None:
+            _splitter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="streamlb-split")
+        return _splitter
+
+
+def _split_at(lo: int) -> int:
+    """Keys past which the shard starting at key group ``lo`` splits: SHARD_KEYS to 1.5x
+    that, spread by ``lo``. Shards that a uniform key distribution fills alike would
+    otherwise all reach the size together, and split (and, before that, rehash) in one
+    burst of batches, each of them stalled by a split."""
+    return SHARD_KEYS + int(SHARD_KEYS * ((lo * 0.6180339887498949) % 1.0)) // 2
+
+
 class AggregateState:
     """count / sum / min / max / mean per key, updated with vectorised numpy.
 
@@ -123,6 +151,7 @@ class AggregateState:
         self.dtypes: dict[str, np.dtype] = {}
         self.shards = [_AggShard(self, 0, key_groups)]
         self._shard_of = np.zeros(key_groups, np.uint16)    # key group -> shard
+        self._splitting: "_PendingSplit | None" = None
 
     # -- data -------------------------------------------------------------------------------
     def _column(self, frame: pd.DataFrame, c: str) -> np.ndarray:
@@ -170,6 +199,7 @@ class AggregateState:
             if c not in self.dtypes:
                 self.dtypes[c] = np.dtype(np.int64) if arr.dtype.kind in "iub" else np.dtype(np.float64)
         keys = frame[self.key_name].to_numpy()
+        self._adopt_split()
         if len(self.shards) > 1 and groups is None:
             groups = assign_to_key_group(keys, self.groups, name=self.key_name)
         if len(self.shards) == 1:
@@ -188,24 +218,43 @@ class AggregateState:
         self._split_large([sh for sh, _ in touched])
         return touched
 
-    def _split_large(self, shards, every: bool = False) -> None:
-        """Split the largest of ``shards`` over SHARD_KEYS keys (all of them if ``every``).
+    def _split_large(self, shards) -> None:
+        """Split the largest of ``shards`` past its size (:func:`_split_at`) into pieces
+        of at most 3/4 SHARD_KEYS keys: in the background if it is large and keyed by
+        integers (one such split at a time), else at once.
 
-        Shards filled by the same key distribution cross the size at the same batch; one
-        split per batch spreads their cost over the next batches.
+        Shards filled by the same key distribution cross the size at about the same batch;
+        one split per batch spreads their cost over the next batches.
         """
-        big = [sh for sh in shards if sh.index.n > SHARD_KEYS and sh.hi - sh.lo > 1]
+        big = [sh for sh in shards if sh.index.n > _split_at(sh.lo) and sh.hi - sh.lo > 1]
         if not big:
             return
-        for sh in big if every else [max(big, key=lambda s: s.index.n)]:
-            i = self.shards.index(sh)
-            self.shards[i:i + 1] = sh.split(max(2, -(-2 * sh.live // SHARD_KEYS)))
-        for j, sh in enumerate(self.shards):
-            self._shard_of[sh.lo:sh.hi] = j
+        sh = max(big, key=lambda s: s.index.n)
+        if sh.index.n < SPLIT_IN_THREAD or sh.index.dtype is object:
+            self._replace(sh, sh.split(_pieces(sh.live)))
+        elif self._splitting is None:
+            self._splitting = _PendingSplit(sh, _pieces(sh.live))
+
+    def _replace(self, sh: "_AggShard", pieces: list) -> None:
+        i = next(j for j, s in enumerate(self.shards) if s is sh)
+        self.shards[i:i + 1] = pieces
+        for j, s in enumerate(self.shards):
+            self._shard_of[s.lo:s.hi] = j
+
+    def _adopt_split(self) -> None:
+        """Put in place the pieces of a shard split in the background, once built."""
+        pending = self._splitting
+        if pending is None or not pending.future.done():
+            return
+        self._splitting = None
+        pieces = pending.adopt(self.shards)
+        if pieces is not None:
+            self._replace(pending.shard, pieces)
 
     # -- migration ---------------------------------------------------------------------------
     def cut(self, groups) -> dict:
         """Take the state of ``groups`` out: a picklable blob for :meth:`install`."""
+        self._adopt_split()
         groups = np.unique(np.asarray(list(groups), np.int64))
         at = self._shard_of[groups]
         parts = [self.shards[s].cut(groups[at == s]) for s in np.unique(at).tolist()]
@@ -237,6 +286,7 @@ class AggregateState:
 
     def install(self, blob: dict) -> None:
         """Merge state cut from another instance (its keys are absent here)."""
+        self._adopt_split()
         for c, dt in blob["dtypes"].items():
             self.dtypes.setdefault(c, dt)
         for part in blob["parts"]:
@@ -248,7 +298,7 @@ class AggregateState:
                 if sh.live:
                     sh = self._carve(sh, int(kg.min()), int(kg.max()) + 1, len(kg)) or sh
                 sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in part["tables"].items()})
-        self._split_large(list(self.shards), every=True)
+        self._split_large(list(self.shards))
 
     # -- split keys ---------------------------------------------------------------------------
     def partial(self, frame: pd.DataFrame) -> dict:
@@ -347,6 +397,77 @@ class AggregateState:
 
     def __len__(self) -> int:
         return sum(int(sh.live) for sh in self.shards)
+
+
+def _pieces(live: int) -> int:
+    """Pieces a shard of ``live`` keys splits into: each of at most 3/4 SHARD_KEYS keys."""
+    return max(2, -(-4 * live // (3 * SHARD_KEYS)))
+
+
+def _cuts(key_groups: np.ndarray, lo: int, hi: int, parts: int) -> np.ndarray:
+    """Key-group edges cutting keys of ``key_groups`` (in ``lo..hi-1``) into ``parts``
+    about equal pieces."""
+    cum = np.cumsum(np.bincount(key_groups - lo, minlength=hi - lo))
+    cuts = lo + 1 + np.searchsorted(cum, len(key_groups) * np.arange(1, parts) / parts)
+    return np.unique(np.clip(np.concatenate(([lo], cuts, [hi])), lo, hi))
+
+
+class _PendingSplit:
+    """A shard split in the background: the hash tables of its pieces are built in a
+    thread from a snapshot of its slots (dead ones too: a key cut away and then updated
+    again comes back to life in its old slot); the shard keeps taking updates meanwhile.
+    Once built, the pieces take the keys added since, and the values, on the event loop:
+    a copy, no hashing of the snapshot's keys."""
+
+    def __init__(self, sh: "_AggShard", parts: int) -> None:
+        self.shard, self.index, self.lo, self.hi = sh, sh.index, sh.lo, sh.hi
+        n = self.n = sh.index.n
+        kg = sh.index.key_groups[:n].copy()
+        keys = sh.index.keys[:n].copy()
+        self.edges = _cuts(kg[sh.present[:n]], sh.lo, sh.hi, parts)
+        which = np.searchsorted(self.edges, kg, side="right") - 1
+        self.slots = [np.flatnonzero(which == i) for i in range(len(self.edges) - 1)]
+        dtype, groups, name = sh.index.dtype, sh.o.groups, sh.o.key_name
+
+        def build() -> list:
+            out = []
+            for i, sel in enumerate(self.slots):
+                idx = _KeyIndex(dtype, max(2 * len(sel), _split_at(int(self.edges[i])) + 1))
+                if len(sel):
+                    idx.slots(keys[sel], kg[sel], groups, name)
+                out.append(idx)
+            return out
+
+        self.future = _split_pool().submit(build)
+
+    def adopt(self, shards: list) -> "list[_AggShard] | None":
+        """The pieces, filled; None when the shard changed shape meanwhile (compacted,
+        carved, split at once, dropped): then the work is thrown away."""
+        sh = self.shard
+        if (not any(s is sh for s in shards) or sh.index is not self.index
+                or (sh.lo, sh.hi) != (self.lo, self.hi) or self.future.exception() is not None):
+            return None
+        indexes = self.future.result()
+        n = sh.index.n
+        late = np.arange(self.n, n)                     # slots added since the snapshot
+        late_kg = sh.index.key_groups[self.n:n]
+        which = np.searchsorted(self.edges, late_kg, side="right") - 1
+        pieces = []
+        for i, (idx, sel) in enumerate(zip(indexes, self.slots)):
+            extra = late[which == i]
+            if len(extra):
+                idx.slots(sh.index.keys[extra], late_kg[which == i], sh.o.groups, sh.o.key_name)
+            src = np.concatenate([sel, extra])         # the old slot of each new slot
+            piece = _AggShard(sh.o, int(self.edges[i]), int(self.edges[i + 1]))
+            piece.index = idx
+            piece._layout()
+            piece.present[: len(src)] = sh.present[src]
+            for c in sh.o.dtypes:
+                for name, table in sh._tables(c):
+                    if c in table:
+                        getattr(piece, name)[c][: len(src)] = table[c][src]
+            pieces.append(piece)
+        return pieces
 
 
 class _AggShard:
@@ -478,21 +599,19 @@ class _AggShard:
 
     def split(self, parts: int = 2) -> list["_AggShard"]:
         """Up to ``parts`` shards with about equal shares of this one's live keys, cut at
-        key-group boundaries, each table sized for twice its keys (no rehash until the
+        key-group boundaries, each table sized for its split size (no rehash until its
         next split)."""
         n = self.index.n
         keep = np.flatnonzero(self.present[:n])
         kg = self.index.key_groups[keep]
-        cum = np.cumsum(np.bincount(kg - self.lo, minlength=self.hi - self.lo))
-        cuts = self.lo + 1 + np.searchsorted(cum, len(keep) * np.arange(1, parts) / parts)
-        edges = np.unique(np.clip(np.concatenate(([self.lo], cuts, [self.hi])), self.lo, self.hi))
+        edges = _cuts(kg, self.lo, self.hi, parts)
         rows = self._rows(keep)
         which = np.searchsorted(edges, kg, side="right") - 1
         out = []
         for i, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
             sel = which == i
             sh = _AggShard(self.o, lo, hi)
-            sh.index = _KeyIndex(self.index.dtype, 2 * int(sel.sum()))
+            sh.index = _KeyIndex(self.index.dtype, max(2 * int(sel.sum()), _split_at(lo) + 1))
             if sel.any():
                 sh._put(self.index.keys[keep[sel]], kg[sel], {k: v[sel] for k, v in rows.items()})
             out.append(sh)

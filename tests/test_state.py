@@ -19,21 +19,33 @@ SPEC = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", 
     keys=hnp.arrays(np.int64, st.integers(1, 300), elements=st.integers(-20, 20)),
     cuts=st.lists(st.integers(0, 300), max_size=5),
     shard_keys=st.sampled_from([1 << 18, 2, 5]),
+    threaded=st.booleans(),
     data=st.data(),
 )
-def test_aggregate_state_equals_pandas(keys, cuts, shard_keys, data):
-    """Tiny shard sizes make shards split mid-stream, down to one key group each."""
-    with _shard_size(shard_keys):
+def test_aggregate_state_equals_pandas(keys, cuts, shard_keys, threaded, data):
+    """Tiny shard sizes make shards split mid-stream, down to one key group each, at once
+    or in the background thread."""
+    with _shard_size(shard_keys, threaded):
         _check_aggregate(keys, cuts, data)
 
 
 @contextlib.contextmanager
-def _shard_size(keys: int):
-    _state.SHARD_KEYS, saved = keys, _state.SHARD_KEYS
+def _shard_size(keys: int, threaded: bool = False):
+    saved = _state.SHARD_KEYS, _state.SPLIT_IN_THREAD
+    _state.SHARD_KEYS = keys
+    _state.SPLIT_IN_THREAD = 0 if threaded else saved[1]
     try:
         yield
     finally:
-        _state.SHARD_KEYS = saved
+        _state.SHARD_KEYS, _state.SPLIT_IN_THREAD = saved
+
+
+def _maybe_settle(store: AggregateState, data) -> None:
+    """Sometimes let a background split finish before the next step, so its pieces are
+    put in place then, not at an arbitrary later one."""
+    settle = data.draw(st.booleans())       # drawn every time: hypothesis replays the draws
+    if settle and store._splitting is not None:
+        store._splitting.future.result()
 
 
 def _check_aggregate(keys, cuts, data):
@@ -47,10 +59,46 @@ def _check_aggregate(keys, cuts, data):
     for lo, hi in zip(bounds, bounds[1:]):
         part = df.iloc[lo:hi]
         store.update(part)
-    if _state.SHARD_KEYS == 2 and df.k.nunique() > 2:
+        _maybe_settle(store, data)
+    if _state.SHARD_KEYS == 2 and df.k.nunique() > 3 and _state.SPLIT_IN_THREAD:   # split sizes: 2 to 3 keys
         assert len(store.shards) > 1
     got = store.frame().sort_index()
     want = df.groupby("k").agg(**SPEC)
+    assert got.index.tolist() == want.index.tolist()
+    for c in SPEC:
+        np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float), err_msg=c)
+
+
+def test_background_splits_keep_every_update():
+    """Shards split in the background while batches keep coming and key groups move out
+    and back: updates made between the snapshot and the pieces' adoption (new keys, keys
+    cut away, keys back in their old slots) are all kept, and nothing cut comes back."""
+    from streamlb.keygroups import assign_to_key_group
+
+    rng = np.random.default_rng(7)
+    G = 32
+    owner = np.zeros(G, np.int64)
+    with _shard_size(64, threaded=True):
+        stores = [AggregateState("agg", SPEC, "k", G), AggregateState("agg", SPEC, "k", G)]
+        frames = []
+        for step in range(300):
+            keys = rng.integers(0, 4000, 40)
+            df = pd.DataFrame({"k": keys, "v": rng.integers(-9, 9, 40).astype(float), "i": keys})
+            frames.append(df)
+            mine = owner[assign_to_key_group(keys, G)]
+            for i in (0, 1):
+                stores[i].update(df[mine == i])
+            if step % 7 == 0 and stores[0]._splitting is not None:
+                stores[0]._splitting.future.result()
+            # groups 0..15 leave store 0 (dead slots there); 0..3 come back (revived slots)
+            if step % 10 == 5 and (step < 160 or 200 < step < 240):
+                g = step // 10 if step < 160 else step // 10 - 20
+                src = owner[g]
+                stores[1 - src].install(stores[src].cut({g}))
+                owner[g] = 1 - src
+        assert len(stores[0].shards) > 16
+    got = pd.concat([s.frame() for s in stores]).sort_index()
+    want = pd.concat(frames).groupby("k").agg(**SPEC)
     assert got.index.tolist() == want.index.tolist()
     for c in SPEC:
         np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float), err_msg=c)
@@ -75,13 +123,15 @@ def test_stateful_map_keeps_per_key_order():
     keys=hnp.arrays(np.int64, st.integers(1, 400), elements=st.integers(0, 60)),
     moves=st.lists(st.tuples(st.integers(0, 400), st.sets(st.integers(0, 7), min_size=1)), max_size=6),
     shard_keys=st.sampled_from([1 << 18, 2, 5]),
+    threaded=st.booleans(),
     data=st.data(),
 )
-def test_cut_and_install_move_state_without_loss(keys, moves, shard_keys, data):
+def test_cut_and_install_move_state_without_loss(keys, moves, shard_keys, threaded, data):
     """Two owners, key groups moving between them mid-stream: merged state equals pandas,
-    with shards splitting (tiny shard sizes) as state comes and goes. Some keys of a group
-    are pulled one by one first (the lazy strategy), then the rest of the group."""
-    with _shard_size(shard_keys):
+    with shards splitting (tiny shard sizes; at once or in the background) as state comes
+    and goes. Some keys of a group are pulled one by one first (the lazy strategy), then
+    the rest of the group."""
+    with _shard_size(shard_keys, threaded):
         _check_moves(keys, moves, data)
 
 
@@ -106,6 +156,7 @@ def _check_moves(keys, moves, data):
                 rows = part[owner[g] == i]
                 if len(rows):
                     stores[i].update(rows)
+                _maybe_settle(stores[i], data)
             pos = cut_at
         for grp in moved:
             src = owner[grp]
@@ -119,6 +170,8 @@ def _check_moves(keys, moves, data):
             assert not stores[src].contains(pulled).any()
             stores[1 - src].install(stores[src].cut({grp}))
             owner[grp] = 1 - src
+            for i in (0, 1):
+                _maybe_settle(stores[i], data)
     got = pd.concat([s.frame() for s in stores]).sort_index()
     assert not got.index.duplicated().any()
     want = df.groupby("k").agg(**SPEC)
