@@ -192,15 +192,20 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         await asyncio.gather(*[call(*peer[i], "abort", epoch) for i in {*incoming, *outgoing}],
                              return_exceptions=True)
 
-    for what, calls in (("new", [call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()]),
-                        ("old", [call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()])):
-        # wait for every prepare, failed or not, so none lands after the abort
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            await abort()
-            raise MigrationError(f"prepare epoch {epoch} of {op.name} on the {what} owners failed: "
-                                 f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
+    # new and old owners are told at once: nothing moves before a router switches, and an
+    # owner whose routers have all ended refuses to prepare
+    owners_told = [i for i in incoming] + [i for i in outgoing]
+    results = await asyncio.gather(
+        *[call(*peer[i], "prepare", epoch, strategy, {}, inc) for i, inc in incoming.items()],
+        *[call(*peer[i], "prepare", epoch, strategy, out, {}) for i, out in outgoing.items()],
+        return_exceptions=True)      # every prepare, failed or not, so none lands after the abort
+    failed = [(i, r) for i, r in zip(owners_told, results) if isinstance(r, BaseException)]
+    if failed:
+        await abort()
+        i, exc = failed[0]
+        what = "new" if i in incoming else "old"
+        raise MigrationError(f"prepare epoch {epoch} of {op.name} on the {what} owners failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
     paused = strategy == "pause"
     # lazy: routers ask the old owners for moving keys as they route their rows
     prefetch = {g: int(old.owners[g]) for g in assignment} if strategy == "lazy" else None

@@ -100,6 +100,7 @@ class _Migration:
         self.flush_to: set[int] = set()        # split keys leaving this helper: their homes
         self.flushed = False
         self.key_requests: list[tuple] = []    # lazy, old owner: key requests before alignment
+        self.pulled = asyncio.Event()          # lazy, old owner: a key request was served
         # lazy, new owner: per (router, old owner), how many of the router's key requests
         # have been served in a row from the first (and those served out of order)
         self.served: dict[tuple[int, int], int] = {}
@@ -181,7 +182,8 @@ class Instance:
     """One parallel instance of a stage."""
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
-                 key_groups: int, window: float, credits: int, lazy_step: int = 1) -> None:
+                 key_groups: int, window: float, credits: int, lazy_step: int = 1,
+                 lazy_delay: float = 0.1) -> None:
         self.stage = stage
         self.index = index
         self.job = job
@@ -190,6 +192,7 @@ class Instance:
         self.credits = credits
         self.label = f"{stage.name}[{index}]"
         self._lazy_step = lazy_step
+        self._lazy_delay = lazy_delay
         self.upstream_instances = upstream_instances
         self.status = "created"
         self.error: BaseException | None = None
@@ -829,6 +832,7 @@ class Instance:
         mine = np.isin(groups, np.asarray(waiting, np.int64))
         blob = self.store.cut_keys(keys[mine], groups[mine])
         await self._send_state(dest, "install_keys", (m.epoch, self.index, [r[:2] for r in requests], blob))
+        m.pulled.set()
 
     def _maybe_done(self, m: "_Migration") -> None:
         # an owner may give and take key groups in the same epoch: both sides must be through
@@ -838,12 +842,19 @@ class Instance:
 
     async def _drain_lazy(self, m: "_Migration") -> None:
         """Lazy, old owner: serve the keys asked for before alignment, then move the rest
-        of the groups ``lazy-step`` at a time (key requests get in between chunks)."""
+        of the groups ``lazy-step`` at a time (key requests get in between chunks). With
+        no request yet, the drain waits up to ``lazy-delay`` seconds for the first one, so
+        the first moved rows' keys do not queue behind whole groups."""
         requests, m.key_requests = m.key_requests, []
         by_dest: dict[int, list] = collections.defaultdict(list)
         for dest, *request in requests:
             by_dest[dest].append(request)
         await asyncio.gather(*[self._ship_keys(m, dest, rs) for dest, rs in by_dest.items()])
+        if not requests and self._lazy_delay > 0:
+            try:
+                await asyncio.wait_for(m.pulled.wait(), self._lazy_delay)
+            except asyncio.TimeoutError:
+                pass
         step = max(1, int(self._lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
         for i in range(0, len(rest), step):
