@@ -22,11 +22,11 @@ class HybridBalancer(AutoFlowBalancer):
     ``merge_below`` × the mean (hysteresis: it is not split again until it passes
     ``split_at``). Then, as ``autoflow``, while some instance is above
     the mean by more than ``threshold``, the key group whose move from the hottest
-    instance to the coldest lowers the maximum most is moved. Groups holding a split key
-    stay where they are. Where no single move lowers the maximum, swapping a group of the
-    hottest instance with a lighter one of the coldest may; and if the plan still leaves an
+    instance to the coldest cools the hottest most is moved. Groups holding a split key
+    stay where they are. Where no single move helps, swapping a group of the hottest
+    instance with a lighter one of the coldest may; and if the plan still leaves an
     instance above the threshold, the groups moved recently may move again (each move must
-    still lower the maximum). The plan lists merges, then splits, then moves: the order in
+    still cool the hottest without raising the maximum). The plan lists merges, then splits, then moves: the order in
     which the plugin carries them out.
 
     Operators whose state is not combinable (``stateful_map``) only get moves.
@@ -58,8 +58,7 @@ class HybridBalancer(AutoFlowBalancer):
 
     def __init__(self, threshold: float = 0.05, max_groups: int = 64, split_at: float = 0.9,
                  piece: float = 0.8, merge_below: float = 0.4, max_swaps: int = 8) -> None:
-        super().__init__(threshold, max_groups)
-        self.max_swaps = max_swaps
+        super().__init__(threshold, max_groups, max_swaps)
         if not 0 < merge_below < split_at or not 0 < piece <= split_at:
             raise ValueError("hybrid: need 0 < merge_below < split_at and 0 < piece <= split_at, got "
                              f"merge_below={merge_below!r}, piece={piece!r}, split_at={split_at!r}")
@@ -108,11 +107,7 @@ class HybridBalancer(AutoFlowBalancer):
         frozen = pinned.copy()
         frozen[list(report.recently_moved)] = True
         owners = self._level(owners, gl, load, frozen)
-        if load.max() > mean * (1 + self.threshold) and report.recently_moved:
-            # stuck with the groups moved last frozen: plans stop, so no epoch would thaw
-            # them. Moves must still lower the maximum, so nothing bounces on noise.
-            frozen = pinned | (owners != report.owners)
-            owners = self._level(owners, gl, load, frozen)
+        owners = self._unstick(report, owners, gl, load, pinned)
         merges = [Split(k) for k, d in ways.items() if d == 1 and k in current]
         splits = [Split(k, hs) for k, hs in helpers.items() if tuple(current.get(k, ())) != hs]
         return merges + splits + group_moves(report.owners, owners)
@@ -130,33 +125,3 @@ class HybridBalancer(AutoFlowBalancer):
         for k in current:
             ways.setdefault(k, 1)        # no longer among the hot keys: cooled down
         return {k: d for k, d in ways.items() if d > 1 or k in current}
-
-    def _level(self, owners: np.ndarray, gl: np.ndarray, load: np.ndarray, frozen: np.ndarray) -> np.ndarray:
-        """``autoflow``'s moves; where no single move lowers the maximum, a swap of a group
-        of the hottest instance with a lighter one of the coldest may (shares of split keys
-        leave fewer, larger groups to move)."""
-        for _ in range(self.max_swaps):
-            owners = super()._level(owners, gl, load, frozen)
-            if load.max() <= load.mean() * (1 + self.threshold) or not self._swap(owners, gl, load, frozen):
-                break
-        return owners
-
-    def _swap(self, owners: np.ndarray, gl: np.ndarray, load: np.ndarray, frozen: np.ndarray) -> bool:
-        hot, cold = int(np.argmax(load)), int(np.argmin(load))
-        a = np.flatnonzero((owners == hot) & ~frozen & (gl > 0))
-        b = np.flatnonzero((owners == cold) & ~frozen)
-        if hot == cold or not len(a) or not len(b):
-            return False
-        diff = gl[a][:, None] - gl[b][None, :]
-        others = np.delete(load, [hot, cold]).max(initial=0.0)
-        new_max = np.maximum(np.maximum(load[hot] - diff, load[cold] + diff), others)
-        new_max[diff <= 0] = np.inf
-        i, j = np.unravel_index(int(np.argmin(new_max)), new_max.shape)
-        if not new_max[i, j] < load[hot]:
-            return False
-        ga, gb = int(a[i]), int(b[j])
-        owners[ga], owners[gb] = cold, hot
-        frozen[[ga, gb]] = True
-        load[hot] -= diff[i, j]
-        load[cold] += diff[i, j]
-        return True

@@ -257,6 +257,7 @@ class Instance:
             for t, x in exchanges.items() if t in outputs and len(x) > 4 and x[4] and x[0] == "keyed"
             for key_groups_ in [self.key_groups]
         }
+        self._route_sent: dict[int, np.ndarray] = {}
         self._xlocks = collections.defaultdict(asyncio.Lock)
         self._prefetch: dict[int, _Prefetch | None] = {}
         self._combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
@@ -1067,6 +1068,11 @@ class Instance:
             if counts is None:
                 counts = self._route_counts[target] = np.zeros(self.key_groups, np.int64)
             counts += np.bincount(groups, minlength=self.key_groups)
+            # and the records sent to each instance, by the table in force for each batch
+            sent = self._route_sent.get(target)
+            if sent is None:
+                sent = self._route_sent[target] = np.zeros(len(chans), np.int64)
+            sent += np.bincount(dest, minlength=len(chans))
         if len(chans) == 1:
             await chans[0].send("data", emitted, x)
             return
@@ -1193,13 +1199,17 @@ class Instance:
             })
         for target, counts in self._route_counts.items():
             nz = np.flatnonzero(counts)
+            sent = self._route_sent.get(target)
             self.worker.batched_stream.send({
                 "op": "streamlb-load", "kind": "router", "job": self.job, "operator": self.exchanges[target][3],
                 "instance": self.index, "window_start": w.start, "window": self.window,
                 "groups": nz.tolist(), "counts": counts[nz].tolist(), "final": final,
+                "routed": sent.tolist() if sent is not None else None,
                 "hot": [[k, c] for k, c, _ in self._hot[target].top()] if target in self._hot else None,
             })
             counts[:] = 0
+            if sent is not None:
+                sent[:] = 0
             if target in self._hot:
                 self._hot[target].clear()
         self._win = _Window(self._window_start(now)) if self.status != "done" else None

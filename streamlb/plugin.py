@@ -175,7 +175,7 @@ class BalancerPlugin(SchedulerPlugin):
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
-                      latency_p99_ms=None, final: bool = False, hot=None, **_ignored) -> None:
+                      latency_p99_ms=None, final: bool = False, hot=None, routed=None, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -198,7 +198,13 @@ class BalancerPlugin(SchedulerPlugin):
             if g.shape != c.shape or (len(g) and (g.min() < 0 or g.max() >= G)) or (c < 0).any():
                 raise ValueError(f"key-group counts from router {instance} of {operator!r} do not fit 0..{G - 1}")
             hot = _hot_entries(hot, f"router {instance} of {operator!r}")
-            slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final), "hot": hot}
+            if routed is not None:
+                routed = np.asarray(routed, dtype=np.float64)
+                if routed.shape != (n,) or (routed < 0).any():
+                    raise ValueError(f"records routed by router {instance} of {operator!r} are not "
+                                     f"{n} non-negative counts, one per instance")
+            slot[("router", int(instance))] = {"groups": g, "counts": c, "final": bool(final), "hot": hot,
+                                               "routed": routed}
         else:
             raise ValueError(f"report kind {kind!r} is neither 'owner' nor 'router'")
         for ws in sorted(win):
@@ -211,10 +217,13 @@ class BalancerPlugin(SchedulerPlugin):
         op = j.control.operator(operator)
         n, G = op.table.parallelism, op.table.key_groups
         load = np.zeros(G)
+        routed = np.zeros(n)
         hot: dict = {}
         for (kind, _), r in reports.items():
             if kind == "router":
                 np.add.at(load, r["groups"], r["counts"])
+                if r["routed"] is not None:
+                    routed += r["routed"]
                 for k, c in r["hot"]:
                     hot[k] = hot.get(k, 0.0) + c
         for k, _ in op.table.splits:
@@ -240,6 +249,7 @@ class BalancerPlugin(SchedulerPlugin):
         measured = float(applied.max() / applied.mean()) if applied.sum() > 0 else 1.0
         j.imbalance[operator].append({
             "window_start": window_start, "imbalance": measured, "floor": floor,
+            "routed": float(routed.max() / routed.mean()) if routed.sum() > 0 else 1.0,
             "planned": report.imbalance(), "records": float(total), "epoch": op.table.epoch,
         })
         j.trace[operator].append((window_start, load.astype(np.float32), op.table.owners.astype(np.int32), measured,

@@ -60,8 +60,8 @@ def test_contract(name, report):
     moves = [m for m in plan if isinstance(m, Move)]
     moved = {g for m in moves for g in m.key_groups}
     assert len(moved) == sum(len(m.key_groups) for m in moves)  # no group moved twice
-    if name not in ("greedy", "hybrid"):   # these re-pack, or thaw groups when stuck
-        assert not moved & report.recently_moved               # hysteresis
+    if name not in ("greedy", "hybrid", "autoflow"):   # these re-pack, or thaw groups when stuck
+        assert not moved & report.recently_moved               # hysteresis (autoflow: see below)
     if not report.splittable:
         assert not any(isinstance(s, Split) and s.helpers for s in plan)
     aware = getattr(bal, "wants_hot_keys", False)
@@ -77,6 +77,47 @@ def test_empty_and_single_instance_reports(name):
     bal = get_balancer(name)
     assert bal.plan(LoadReport("op", np.zeros(16, np.int64), np.zeros(16), 4)) == []
     assert bal.plan(LoadReport("op", np.zeros(16, np.int64), np.arange(16.0), 1)) == []
+
+
+def test_autoflow_keeps_recently_moved_groups_put_unless_stuck():
+    # instance 0 holds eight groups of 10, two of them just moved there; the others help
+    owners = np.array([0] * 8 + [1, 2, 3])
+    load = np.full(11, 10.0)
+    report = LoadReport("op", owners, load, 4, recently_moved=frozenset({0, 1}))
+    plan = get_balancer("autoflow").plan(report)
+    moved = {g for m in plan for g in m.key_groups}
+    assert moved and not moved & {0, 1}
+    after = report.instance_load(apply_plan(owners, plan))
+    assert after.max() == 30.0                  # 110 over 4 instances in groups of 10
+    # only the two just moved can cool instance 0: with no plan there is no epoch, and
+    # hysteresis by epochs would keep them frozen for good
+    owners = np.array([0, 0, 1, 2, 3])
+    report = LoadReport("op", owners, np.array([10.0, 10.0, 1, 1, 1]), 4, recently_moved=frozenset({0, 1}))
+    plan = get_balancer("autoflow").plan(report)
+    assert len({g for m in plan for g in m.key_groups} & {0, 1}) == 1
+    assert report.instance_load(apply_plan(owners, plan)).max() == 10.0
+
+
+def test_autoflow_levels_two_equally_hot_instances():
+    # a move off one of two equally hot instances does not lower the maximum at once;
+    # levelling must go on to the second rather than stop
+    owners = np.array([0] * 4 + [1] * 4 + [2, 3])
+    report = LoadReport("op", owners, np.array([5.0] * 8 + [1.0, 1.0]), 4)
+    plan = get_balancer("autoflow").plan(report)
+    after = report.instance_load(apply_plan(owners, plan))
+    assert after.max() == 11.0                  # 42 over 4 instances in groups of 5 (and 1s)
+
+
+def test_autoflow_trades_a_heavy_group_for_several_light_ones():
+    # instance 0 holds two heavy groups: no single move or one-for-one swap cools it, but
+    # the lighter heavy one for six groups of 5 of the coldest does
+    owners = np.array([0, 0] + [1] * 20 + [2] * 19)
+    load = np.array([68.0, 37.0] + [5.0] * 39)
+    report = LoadReport("op", owners, load, 3)
+    plan = get_balancer("autoflow").plan(report)
+    after = report.instance_load(apply_plan(owners, plan))
+    assert apply_plan(owners, plan)[1] == 2 and after.max() < 105.0
+    assert after.max() == 102.0
 
 
 def test_autoflow_and_greedy_reach_the_floor_on_a_skewed_table():

@@ -107,7 +107,8 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
                         {"kind": "router", "instance": 0, "groups": [1, 2], "counts": [5]},
                         {"kind": "router", "instance": 0},
                         {"kind": "router", "instance": 0, "groups": [1], "counts": [5], "hot": [[3, float("nan")]]},
-                        {"kind": "router", "instance": 0, "groups": [1], "counts": [5], "hot": "12"}):
+                        {"kind": "router", "instance": 0, "groups": [1], "counts": [5], "hot": "12"},
+                        {"kind": "router", "instance": 0, "groups": [1], "counts": [5], "routed": [1, 2]}):
                 dask_worker.batched_stream.send({
                     "op": "streamlb-load", "job": jid, "operator": "agg", "window_start": 1.0,
                     "records": 1, "busy": 0.1, "queued": 0, **msg})
@@ -122,7 +123,8 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
     assert "instance 9 outside 0..3 of 'agg'" in reasons
     assert reasons.count("key-group counts from router 0 of 'agg' do not fit 0..127") == 2
     assert reasons.count("hot keys from router 0 of 'agg' must be [key, count] pairs") == 2
-    assert "malformed load report" in reasons and len(refused) == 6
+    assert "records routed by router 0 of 'agg' are not 4 non-negative counts" in reasons
+    assert "malformed load report" in reasons and len(refused) == 7
 
 
 def test_register_plugin_explicitly(cluster2, skewed):
