@@ -2,7 +2,7 @@
 
 For one keyed exchange with routers U (the upstream instances) and owners D:
 
-1. the owners that give or take key groups are told ahead (``prepare``), new owners first;
+1. the owners that give or take key groups are told ahead (``prepare``), all at once;
 2. every router switches to the new table at a batch boundary and puts marker(e+1) on every
    channel after its last epoch-e batch (``set_table``);
 3. an owner giving groups away keeps processing; once it holds marker(e+1) (or end of stream)
