@@ -711,12 +711,10 @@ class Instance:
             return
         k, g, o, d = keys[moving], groups[moving], olds[moving], dest[moving]
         n_before = pf.asked.n
-        slots = pf.asked.slots(k, g, self.key_groups, "key")
-        new = slots >= n_before            # first seen now (a key twice in the batch: both rows)
-        if not new.any():
+        slots, first = np.unique(pf.asked.slots(k, g, self.key_groups, "key"), return_index=True)
+        first = first[slots >= n_before]        # keys asked for the first time, once each
+        if not len(first):
             return
-        k, g, o, d = k[new], g[new], o[new], d[new]
-        first = ~pd.Index(k).duplicated()
         k, g, o, d = k[first], g[first], o[first], d[first]
         chans = self.outputs[target]
         for src in np.unique(o).tolist():
