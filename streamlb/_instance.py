@@ -538,14 +538,12 @@ class Instance:
                 router, (epoch, counts) = need
                 m = self._migs.get(epoch)
                 if m is not None and m.strategy == "lazy":
-                    lazy = wait & m.lazy_rows(groups, self._pending_in)
-                    if m.ready(router, counts):
-                        if lazy.any():
-                            wait = wait & ~lazy        # their keys' state (or none) is here
-                            if m.first_applied is None:
-                                m.first_applied = time.time()
-                    else:
+                    if not m.ready(router, counts):
                         hold_need = (epoch, router, counts)
+                    elif (lazy := wait & m.lazy_rows(groups, self._pending_in)).any():
+                        wait &= ~lazy                  # their keys' state (or none) is here
+                        if m.first_applied is None:
+                            m.first_applied = time.time()
             if wait.any():
                 self._held.append(_Held(frame[wait], groups[wait], emitted, fut, hold_need))
                 frame, groups = frame[~wait], groups[~wait]
