@@ -87,7 +87,7 @@ def wide_path(tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["all-at-once", "lazy"])
 def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path, strategy):
     path, df = wide_path
-    src = Stream.from_parquet(path, batch_size=20_000, rate=1_000_000)
+    src = Stream.from_parquet(path, batch_size=20_000, rate=600_000)     # 2.5 s: still running at 0.9 s
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
     with streamlb.run(src, client=two_workers, key_groups=G, window="50ms") as job:
         time.sleep(0.9)
@@ -134,7 +134,7 @@ def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_p
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_frame, strategy):
-    src, outs, _ = pipeline(zipf_path, rate=300_000)
+    src, outs, _ = pipeline(zipf_path, rate=200_000)        # 1.5 s of stream
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         time.sleep(0.2)
         owners = job.routing("totals").owners
@@ -156,7 +156,7 @@ def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers
     import dask
 
     path, df = wide_path
-    src = Stream.from_parquet(path, batch_size=20_000, rate=1_000_000)   # 1.5 s; a large state at 0.5 s
+    src = Stream.from_parquet(path, batch_size=20_000, rate=400_000)     # 3.75 s; a large state at 0.5 s
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         time.sleep(0.5)
@@ -167,8 +167,15 @@ def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers
         assert job.routing("n").epoch == 1                  # the routers did switch
         with pytest.raises(MigrationError, match=rf"key group {moving[0]} is still moving \(epoch 1 timed out"):
             job.migrate("n", moving, 2)
-        time.sleep(0.5)                                     # the state lands meanwhile
-        job.migrate("n", moving, 2, strategy="all-at-once")
+        deadline = time.monotonic() + 2.5                   # the source still runs by then
+        while True:                                         # refused until the state lands
+            try:
+                job.migrate("n", moving, 2, strategy="all-at-once")
+                break
+            except MigrationError as exc:
+                if "still moving" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         job.wait(timeout=120)
         state = job.state("n")
         table = job.routing("n")
