@@ -137,12 +137,25 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
                         "before moving its group"
                     )
             step = fluid_step if strategy == "fluid" else max(len(moving), 1)
+            if strategy == "fluid":
+                moving = _interleave(moving, op.table.owners)
             for i in range(0, len(moving), step):
                 await _epoch(ctl, call, op, dict(moving[i:i + step]), strategy, timeout)
         finally:
             op.in_flight = False
             op.last_completed = time.time()
     return op.table
+
+
+def _interleave(moving: list[tuple[int, int]], owners) -> list[tuple[int, int]]:
+    """The moves in turn by (from, to) pair, so every fluid step gives and takes on each
+    instance alike: an instance frees the state it gives while it installs what it takes,
+    rather than taking all of one direction first and holding both for a while."""
+    pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for g, to in moving:
+        pairs.setdefault((int(owners[g]), to), []).append((g, to))
+    queues = list(pairs.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 async def _check_settled(op: OperatorControl, call: Call, assignment: dict[int, int]) -> None:

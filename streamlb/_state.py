@@ -46,6 +46,16 @@ class _KeyIndex:
             self._table, self._vector, self._dtype = _ht.PyObjectHashTable(size), _ht.ObjectVector, object
         self.keys = np.empty(0, dtype=self._dtype)
 
+    @classmethod
+    def of_unique(cls, dtype, keys: np.ndarray, key_groups: np.ndarray) -> "_KeyIndex":
+        """An index holding distinct ``keys`` in slots 0..len-1, in their order: one pass that
+        stores each key's position, no labelling."""
+        index = cls(dtype, len(keys))
+        if len(keys):
+            index._table.map_locations(np.require(keys, dtype=index._dtype, requirements=["C", "A"]))
+        index.keys, index.key_groups, index.n = keys, key_groups, len(keys)
+        return index
+
     @property
     def dtype(self):
         return None if self._table is None else self._dtype
@@ -107,6 +117,9 @@ def _add_float(target: np.ndarray, labels: np.ndarray, values: np.ndarray, n: in
 # stalls the event loop for O(all state). Small states keep one shard: no partition cost.
 SHARD_KEYS = 1 << 17
 
+# A shard is rebuilt with only its live keys once fewer than this share of its slots are
+# live, so the memory of state moved away is given back while a migration still runs.
+COMPACT_BELOW = 0.75
 
 # Shards of integer keys this large split in a background thread (pandas' integer hash
 # tables are built without the GIL), so the event loop never stalls for a split; smaller
@@ -137,7 +150,7 @@ class AggregateState:
     """count / sum / min / max / mean per key, updated with vectorised numpy.
 
     Keys live in shards by key group; within a shard they get dense slots. A key whose
-    state moved away is dropped from its shard (the shard is compacted once half of
+    state moved away is dropped from its shard (the shard is compacted once a quarter of
     its slots are dead), so memory follows the keys held.
     """
 
@@ -564,7 +577,7 @@ class _AggShard:
                 "key_groups": self.index.key_groups[sel].copy(), "tables": self._rows(sel)}
         if len(sel):
             self.present[sel] = False
-            if self.live < 0.5 * n:
+            if self.live < COMPACT_BELOW * n:
                 self._compact()
             else:
                 for c, dt in self.o.dtypes.items():
@@ -576,12 +589,12 @@ class _AggShard:
         """Rebuild the shard with only its live keys: a fresh table and arrays, in slot order."""
         n = self.index.n
         keep = np.flatnonzero(self.present[:n])
-        keys, kg, rows = self.index.keys[keep], self.index.key_groups[keep], self._rows(keep)
-        self.index = _KeyIndex(self.index.dtype, 2 * len(keep))
-        self.present = np.zeros(0, bool)
+        rows = self._rows(keep)
+        self.index = _KeyIndex.of_unique(self.index.dtype, self.index.keys[keep], self.index.key_groups[keep])
+        self.present = np.ones(len(keep), bool)
         self.cnt, self.sum, self.min, self.max = {}, {}, {}, {}
-        if len(keep):
-            self._put(keys, kg, rows)
+        for (name, c), vals in rows.items():
+            getattr(self, name)[c] = vals
 
     def _put(self, keys: np.ndarray, key_groups: np.ndarray, tables: dict) -> np.ndarray:
         slots = self.index.slots(keys, key_groups, self.o.groups, self.o.key_name)

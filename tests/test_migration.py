@@ -181,3 +181,15 @@ def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers
         table = job.routing("n")
     assert state["n"].sum() == len(df) and len(state) == df.key.nunique()
     assert (table.owners[moving] == 2).all()
+
+
+def test_fluid_epochs_take_moves_in_turn_by_pair():
+    """A swap between two instances moves groups both ways in every fluid epoch, so each
+    instance frees about what it installs."""
+    from streamlb._coordinator import _interleave
+
+    owners = np.array([0] * 8 + [1] * 8)
+    moving = [(g, 1) for g in range(0, 8, 2)] + [(g, 0) for g in range(8, 16, 2)] + [(1, 2), (3, 2)]
+    order = _interleave(moving, owners)
+    assert sorted(order) == sorted(moving)
+    assert [g for g, _ in order] == [0, 8, 1, 2, 10, 3, 4, 12, 6, 14]

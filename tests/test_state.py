@@ -223,3 +223,32 @@ def test_partial_aggregates_combine_to_the_unsplit_state_even_across_dtypes():
     whole.update(first)
     whole.update(second)
     pd.testing.assert_frame_equal(home.frame().sort_index(), whole.frame().sort_index())
+
+
+def test_a_shard_that_gives_a_quarter_of_its_keys_away_is_rebuilt_with_the_rest():
+    """Memory follows the keys held: once a quarter of a shard's slots are dead it holds
+    only its live keys, and keeps counting exactly afterwards (moved keys may come back)."""
+    from streamlb.keygroups import assign_to_key_group
+
+    G = 16
+    keys = np.arange(4000, dtype=np.int64)
+    df = pd.DataFrame({"k": np.concatenate([keys, keys[::3]]), "v": 1.0, "i": 1})
+    groups = assign_to_key_group(keys, G)
+    a, b = AggregateState("agg", SPEC, "k", G), AggregateState("agg", SPEC, "k", G)
+    a.update(df)
+    sh = a.shards[0]
+    small = [0]                                  # about 1/16 of the keys: no rebuild yet
+    b.install(a.cut(small))
+    assert sh.index.n == len(keys) and sh.live == len(keys) - (groups == 0).sum()
+    more = [1, 2, 3, 4]                          # now past a quarter dead
+    b.install(a.cut(more))
+    live = ~np.isin(groups, small + more)
+    assert sh.index.n == sh.live == live.sum()
+    assert sorted(sh.index.keys[: sh.index.n].tolist()) == keys[live].tolist()
+    later = pd.DataFrame({"k": np.array([7, 8, 9, 4001], np.int64), "v": 2.0, "i": 1})
+    on_a = ~np.isin(assign_to_key_group(later.k.to_numpy(), G), small + more)
+    a.update(later[on_a])
+    b.update(later[~on_a])
+    got = pd.concat([a.frame(), b.frame()]).sort_index()
+    want = pd.concat([df, later]).groupby("k").agg(**SPEC)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
