@@ -47,10 +47,11 @@ class _KeyIndex:
         self.keys = np.empty(0, dtype=self._dtype)
 
     @classmethod
-    def of_unique(cls, dtype, keys: np.ndarray, key_groups: np.ndarray) -> "_KeyIndex":
-        """An index holding distinct ``keys`` in slots 0..len-1, in their order: one pass that
-        stores each key's position, no labelling."""
-        index = cls(dtype, len(keys))
+    def of_unique(cls, dtype, keys: np.ndarray, key_groups: np.ndarray, size: int = 0) -> "_KeyIndex":
+        """An index holding distinct ``keys`` in slots 0..len-1, in their order (its table
+        sized for ``size`` keys, at least those): one pass that stores each key's position,
+        no labelling, and for integer keys no GIL held."""
+        index = cls(dtype, max(size, len(keys)))
         if len(keys):
             index._table.map_locations(np.require(keys, dtype=index._dtype, requirements=["C", "A"]))
         index.keys, index.key_groups, index.n = keys, key_groups, len(keys)
@@ -270,8 +271,17 @@ class AggregateState:
         self._adopt_split()
         groups = np.unique(np.asarray(list(groups), np.int64))
         at = self._shard_of[groups]
-        parts = [self.shards[s].cut(groups[at == s]) for s in np.unique(at).tolist()]
-        return {"dtypes": dict(self.dtypes), "parts": [p for p in parts if len(p["keys"])]}
+        return self._blob([self.shards[s].cut(groups[at == s]) for s in np.unique(at).tolist()])
+
+    def _blob(self, parts: list) -> dict:
+        """Shards' cuts as one blob, their arrays joined where the shards hold the same
+        tables: a send then carries a few large buffers, not a few per shard."""
+        parts = [p for p in parts if len(p["keys"])]
+        if len(parts) > 1 and all(p["tables"].keys() == parts[0]["tables"].keys() for p in parts):
+            parts = [{"keys": np.concatenate([p["keys"] for p in parts]),
+                      "key_groups": np.concatenate([p["key_groups"] for p in parts]),
+                      "tables": {t: np.concatenate([p["tables"][t] for p in parts]) for t in parts[0]["tables"]}}]
+        return {"dtypes": dict(self.dtypes), "parts": parts}
 
     def _by_shard(self, keys: np.ndarray, groups: np.ndarray | None):
         keys = np.asarray(keys)
@@ -284,8 +294,7 @@ class AggregateState:
 
     def cut_keys(self, keys: np.ndarray, groups: np.ndarray | None = None) -> dict:
         """Take the state of single keys out (those held here), for :meth:`install`."""
-        parts = [sh.take(sh.held_slots(k)) for sh, _, k in self._by_shard(keys, groups)]
-        return {"dtypes": dict(self.dtypes), "parts": [p for p in parts if len(p["keys"])]}
+        return self._blob([sh.take(sh.held_slots(k)) for sh, _, k in self._by_shard(keys, groups)])
 
     def contains(self, keys: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
         """Whether each key has state here."""
@@ -378,19 +387,18 @@ class AggregateState:
         """Cut key groups ``lo..hi-1`` out of ``sh`` as a new, empty shard (its table sized
         for ``size`` keys), when no key held in ``sh`` lies in that range and the held keys
         all lie on one side of it; else None."""
-        held = sh.index.key_groups[: sh.index.n][sh.present[: sh.index.n]]
-        left, right = (held < lo).any(), (held >= hi).any()
-        if (lo == sh.lo and hi == sh.hi) or ((held >= lo) & (held < hi)).any() or (left and right):
+        left, right = sh.held[:lo - sh.lo].any(), sh.held[hi - sh.lo:].any()
+        if (lo == sh.lo and hi == sh.hi) or sh.held[lo - sh.lo:hi - sh.lo].any() or (left and right):
             return None
         mid = _AggShard(self, lo, hi)
         if sh.index.dtype is not None and size:
             mid.index = _KeyIndex(sh.index.dtype, 2 * size)     # else sized by its first install
         if left:
             pieces = [sh, mid, _AggShard(self, hi, sh.hi)]
-            sh.hi = lo
+            sh.hi, sh.held = lo, sh.held[:lo - sh.lo]
         else:
             pieces = [_AggShard(self, sh.lo, lo), mid, sh]
-            sh.lo = hi
+            sh.lo, sh.held = hi, sh.held[hi - sh.lo:]
         i = self.shards.index(sh)
         self.shards[i:i + 1] = [p for p in pieces if p.hi > p.lo]
         for j, p in enumerate(self.shards):
@@ -444,11 +452,8 @@ class _PendingSplit:
 
         def build() -> list:
             out = []
-            for i, sel in enumerate(self.slots):
-                idx = _KeyIndex(dtype, max(2 * len(sel), _split_at(int(self.edges[i])) + 1))
-                if len(sel):
-                    idx.slots(keys[sel], kg[sel], groups, name)
-                out.append(idx)
+            for i, sel in enumerate(self.slots):    # the snapshot's keys are distinct
+                out.append(_KeyIndex.of_unique(dtype, keys[sel], kg[sel], _split_at(int(self.edges[i])) + 1))
             return out
 
         self.future = _split_pool().submit(build)
@@ -475,6 +480,7 @@ class _PendingSplit:
             piece.index = idx
             piece._layout()
             piece.present[: len(src)] = sh.present[src]
+            piece.held = sh.held[piece.lo - sh.lo:piece.hi - sh.lo].copy()
             for c in sh.o.dtypes:
                 for name, table in sh._tables(c):
                     if c in table:
@@ -491,6 +497,7 @@ class _AggShard:
         self.lo, self.hi = lo, hi                       # key groups lo..hi-1
         self.index = _KeyIndex()
         self.present = np.zeros(0, bool)
+        self.held = np.zeros(hi - lo, np.int64)       # live keys per key group lo..hi-1
         self.cnt: dict[str, np.ndarray] = {}
         self.sum: dict[str, np.ndarray] = {}
         self.min: dict[str, np.ndarray] = {}
@@ -498,7 +505,22 @@ class _AggShard:
 
     @property
     def live(self) -> int:
-        return int(self.present[: self.index.n].sum())
+        return int(self.held.sum())
+
+    def _count(self, slots: np.ndarray) -> np.ndarray:
+        """Keys per key group of this shard among ``slots``."""
+        return np.bincount(self.index.key_groups[slots] - self.lo, minlength=self.hi - self.lo)
+
+    def _mark_live(self, slots: np.ndarray, old_n: int) -> None:
+        """``slots`` hold state now: the new ones (from ``old_n``) and dead ones revived (a
+        key cut away and given state here again)."""
+        back = slots[slots < old_n]
+        back = back[~self.present[back]]
+        self.present[slots] = True
+        if old_n < self.index.n:
+            self.held += self._count(np.arange(old_n, self.index.n))
+        if len(back):
+            self.held += self._count(np.unique(back))
 
     def _identity(self, table: str, dt: np.dtype):
         if table == "min":
@@ -529,9 +551,10 @@ class _AggShard:
                 table[c] = _grow(table[c], n, self._identity(name, dt))
 
     def update(self, keys: np.ndarray, groups: np.ndarray, cols: dict) -> np.ndarray:
+        old_n = self.index.n
         labels = self.index.slots(keys, groups, self.o.groups, self.o.key_name)
         self._layout()
-        self.present[labels] = True
+        self._mark_live(labels, old_n)
         for c, arr in cols.items():
             dt = self.o.dtypes[c]
             if arr.dtype.kind == "f":
@@ -561,7 +584,10 @@ class _AggShard:
 
     def cut(self, groups) -> dict:
         n = self.index.n
-        moving = self.present[:n] & np.isin(self.index.key_groups[:n], np.asarray(groups, np.int64))
+        groups = np.asarray(groups, np.int64)
+        if not self.held[groups - self.lo].any():        # nothing held for them: no scan
+            return self.take(np.zeros(0, np.int64))
+        moving = self.present[:n] & np.isin(self.index.key_groups[:n], groups)
         return self.take(np.flatnonzero(moving))
 
     def held_slots(self, keys: np.ndarray) -> np.ndarray:
@@ -577,6 +603,7 @@ class _AggShard:
                 "key_groups": self.index.key_groups[sel].copy(), "tables": self._rows(sel)}
         if len(sel):
             self.present[sel] = False
+            self.held -= self._count(sel)
             if self.live < COMPACT_BELOW * n:
                 self._compact()
             else:
@@ -597,6 +624,7 @@ class _AggShard:
             getattr(self, name)[c] = vals
 
     def _put(self, keys: np.ndarray, key_groups: np.ndarray, tables: dict) -> np.ndarray:
+        old_n = self.index.n
         slots = self.index.slots(keys, key_groups, self.o.groups, self.o.key_name)
         self._layout()
         for (name, c), vals in tables.items():
@@ -607,7 +635,7 @@ class _AggShard:
                 t[slots] = np.minimum(t[slots], vals)
             else:
                 t[slots] = np.maximum(t[slots], vals)
-        self.present[slots] = True
+        self._mark_live(slots, old_n)
         return slots
 
     def split(self, parts: int = 2) -> list["_AggShard"]:
@@ -624,9 +652,11 @@ class _AggShard:
         for i, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
             sel = which == i
             sh = _AggShard(self.o, lo, hi)
-            sh.index = _KeyIndex(self.index.dtype, max(2 * int(sel.sum()), _split_at(lo) + 1))
-            if sel.any():
-                sh._put(self.index.keys[keep[sel]], kg[sel], {k: v[sel] for k, v in rows.items()})
+            sh.index = _KeyIndex.of_unique(self.index.dtype, self.index.keys[keep[sel]], kg[sel], _split_at(lo) + 1)
+            sh.present = np.ones(int(sel.sum()), bool)
+            sh.held = self.held[lo - self.lo:hi - self.lo].copy()
+            for (name, c), vals in rows.items():
+                getattr(sh, name)[c] = vals[sel]
             out.append(sh)
         return out
 

@@ -48,6 +48,16 @@ def _maybe_settle(store: AggregateState, data) -> None:
         store._splitting.future.result()
 
 
+def _check_counts(store: AggregateState) -> None:
+    """Each shard's live keys per key group match its slots (what carving, compaction and
+    cuts go by)."""
+    for sh in store.shards:
+        n = sh.index.n
+        kg = sh.index.key_groups[:n][sh.present[:n]]
+        assert ((kg >= sh.lo) & (kg < sh.hi)).all()
+        np.testing.assert_array_equal(sh.held, np.bincount(kg - sh.lo, minlength=sh.hi - sh.lo))
+
+
 def _check_aggregate(keys, cuts, data):
     n = len(keys)
     v = data.draw(hnp.arrays(np.float64, n, elements=st.one_of(
@@ -62,6 +72,7 @@ def _check_aggregate(keys, cuts, data):
         _maybe_settle(store, data)
     if _state.SHARD_KEYS == 2 and df.k.nunique() > 3 and _state.SPLIT_IN_THREAD:   # split sizes: 2 to 3 keys
         assert len(store.shards) > 1
+    _check_counts(store)
     got = store.frame().sort_index()
     want = df.groupby("k").agg(**SPEC)
     assert got.index.tolist() == want.index.tolist()
@@ -172,6 +183,7 @@ def _check_moves(keys, moves, data):
             owner[grp] = 1 - src
             for i in (0, 1):
                 _maybe_settle(stores[i], data)
+                _check_counts(stores[i])
     got = pd.concat([s.frame() for s in stores]).sort_index()
     assert not got.index.duplicated().any()
     want = df.groupby("k").agg(**SPEC)
