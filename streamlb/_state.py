@@ -425,11 +425,11 @@ def _pieces(live: int) -> int:
     return max(2, -(-4 * live // (3 * SHARD_KEYS)))
 
 
-def _cuts(key_groups: np.ndarray, lo: int, hi: int, parts: int) -> np.ndarray:
-    """Key-group edges cutting keys of ``key_groups`` (in ``lo..hi-1``) into ``parts``
-    about equal pieces."""
-    cum = np.cumsum(np.bincount(key_groups - lo, minlength=hi - lo))
-    cuts = lo + 1 + np.searchsorted(cum, len(key_groups) * np.arange(1, parts) / parts)
+def _cuts(held: np.ndarray, lo: int, hi: int, parts: int) -> np.ndarray:
+    """Key-group edges cutting the keys of groups ``lo..hi-1`` (``held``: keys per group)
+    into ``parts`` about equal pieces."""
+    cum = np.cumsum(held)
+    cuts = lo + 1 + np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
     return np.unique(np.clip(np.concatenate(([lo], cuts, [hi])), lo, hi))
 
 
@@ -443,17 +443,18 @@ class _PendingSplit:
     def __init__(self, sh: "_AggShard", parts: int) -> None:
         self.shard, self.index, self.lo, self.hi = sh, sh.index, sh.lo, sh.hi
         n = self.n = sh.index.n
-        kg = sh.index.key_groups[:n].copy()
-        keys = sh.index.keys[:n].copy()
-        self.edges = _cuts(kg[sh.present[:n]], sh.lo, sh.hi, parts)
-        which = np.searchsorted(self.edges, kg, side="right") - 1
-        self.slots = [np.flatnonzero(which == i) for i in range(len(self.edges) - 1)]
-        dtype, groups, name = sh.index.dtype, sh.o.groups, sh.o.key_name
+        # the snapshot is the index's arrays as they are: slots below n never change (new
+        # keys take new slots; growing an array makes a new one), so the thread reads them
+        keys, kg, dtype = sh.index.keys, sh.index.key_groups, sh.index.dtype
+        edges = self.edges = _cuts(sh.held, sh.lo, sh.hi, parts)
+        self.slots: list = []
 
         def build() -> list:
-            out = []
-            for i, sel in enumerate(self.slots):    # the snapshot's keys are distinct
-                out.append(_KeyIndex.of_unique(dtype, keys[sel], kg[sel], _split_at(int(self.edges[i])) + 1))
+            which = np.searchsorted(edges, kg[:n], side="right") - 1
+            slots = [np.flatnonzero(which == i) for i in range(len(edges) - 1)]
+            out = [_KeyIndex.of_unique(dtype, keys[sel], kg[sel], _split_at(int(edges[i])) + 1)
+                   for i, sel in enumerate(slots)]     # the snapshot's keys are distinct
+            self.slots = slots
             return out
 
         self.future = _split_pool().submit(build)
@@ -645,7 +646,7 @@ class _AggShard:
         n = self.index.n
         keep = np.flatnonzero(self.present[:n])
         kg = self.index.key_groups[keep]
-        edges = _cuts(kg, self.lo, self.hi, parts)
+        edges = _cuts(self.held, self.lo, self.hi, parts)
         rows = self._rows(keep)
         which = np.searchsorted(edges, kg, side="right") - 1
         out = []
