@@ -183,7 +183,7 @@ class Instance:
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
                  key_groups: int, window: float, credits: int, lazy_step: int = 1,
-                 lazy_delay: float = 0.1) -> None:
+                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17) -> None:
         self.stage = stage
         self.index = index
         self.job = job
@@ -193,6 +193,7 @@ class Instance:
         self.label = f"{stage.name}[{index}]"
         self._lazy_step = lazy_step
         self._lazy_delay = lazy_delay
+        self._lazy_asked = max(1, int(lazy_asked))
         self.upstream_instances = upstream_instances
         self.status = "created"
         self.error: BaseException | None = None
@@ -708,6 +709,10 @@ class Instance:
         if not moving.any():
             return
         k, g, o, d = keys[moving], groups[moving], olds[moving], dest[moving]
+        if pf.asked.n > self._lazy_asked:
+            # forget the keys asked so far rather than grow (and rehash) without end:
+            # asking again for a key is harmless, the old owner has nothing left to send
+            pf.asked = _state.KeySet(k.dtype, 2 * self._lazy_asked)
         n_before = pf.asked.n
         slots, first = np.unique(pf.asked.slots(k, g, self.key_groups, "key"), return_index=True)
         first = first[slots >= n_before]        # keys asked for the first time, once each
