@@ -21,6 +21,7 @@ from .balancer import Balancer, LoadReport, Move
 from .plugin import BalancerPlugin
 from .routing import RoutingTable
 from .runtime import METRIC_COLUMNS, Job, run
+from . import latency
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "run",
     "Job",
     "METRIC_COLUMNS",
+    "latency",
     "RoutingTable",
     "BalancerPlugin",
     "Balancer",

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import _shuffle, _state
+from . import latency as _latency
 from .hotkeys import SpaceSaving
 from .exceptions import PipelineError, StreamlbError, UserFunctionError
 from .keygroups import assign_to_key_group
@@ -1187,6 +1188,7 @@ class Instance:
             "latency_max_ms": float(lat.max()) if has else np.nan,
             "latency_mean_ms": float((lat * wt).sum() / wt.sum()) if has else np.nan,
             "split_records": w.split_records,
+            "latency_hist": _latency.histogram(lat, wt),
         })
         final = self._finishing or self.finished_at is not None or self._eos_sent
         if self._report:
@@ -1196,7 +1198,7 @@ class Instance:
                 "instance": self.index, "window_start": w.start, "window": self.window,
                 "records": int(w.records), "busy": float(w.busy), "queued": len(self._ready),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
-                "final": final,
+                "latency_hist": row["latency_hist"].tolist(), "final": final,
             })
         for target, counts in self._route_counts.items():
             nz = np.flatnonzero(counts)

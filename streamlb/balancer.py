@@ -90,6 +90,10 @@ class LoadReport:
         Start (epoch seconds) and length (seconds) of the window.
     busy_seconds, queued_batches : ndarray, shape (n,)
         Per instance, as measured (zeros where unknown).
+    latency_hist : ndarray, shape (n, streamlb.latency.BINS)
+        Per instance, records applied in the window per latency bin
+        (``streamlb.latency.EDGES_MS``; zeros where unknown). ``streamlb.latency.quantile``
+        turns a row, or a sum of rows, into a percentile.
     recently_moved : frozenset of int
         Key groups moved in the last few epochs, for hysteresis.
     hot_keys : tuple of (key, key group, load)
@@ -114,6 +118,7 @@ class LoadReport:
     hot_keys: tuple = ()
     splits: tuple = ()
     splittable: bool = False
+    latency_hist: np.ndarray = field(default=None)
 
     def __post_init__(self) -> None:
         owners = np.asarray(self.owners, dtype=np.int64)
@@ -140,6 +145,15 @@ class LoadReport:
             v = np.zeros(self.instances) if v is None else np.asarray(v, dtype=np.float64)
             v.setflags(write=False)
             object.__setattr__(self, name, v)
+        from .latency import BINS
+
+        hist = (np.zeros((self.instances, BINS)) if self.latency_hist is None
+                else np.asarray(self.latency_hist, dtype=np.float64))
+        if hist.shape != (self.instances, BINS) or not (hist >= 0).all():
+            raise ValueError(f"load report for {self.operator!r}: latency_hist must be {self.instances} rows of "
+                             f"{BINS} non-negative counts (streamlb.latency.EDGES_MS), got shape {hist.shape}")
+        hist.setflags(write=False)
+        object.__setattr__(self, "latency_hist", hist)
         object.__setattr__(self, "recently_moved", frozenset(int(g) for g in self.recently_moved))
         hot = []
         for item in self.hot_keys:

@@ -30,6 +30,7 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import config
+from . import latency as _latency
 from ._coordinator import JobControl, actor_call, check_strategy, key_group_of, migrate, split
 from .balancer import LoadReport, Move, Split, check_plan, complete_plan, get_balancer
 
@@ -175,7 +176,8 @@ class BalancerPlugin(SchedulerPlugin):
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
-                      latency_p99_ms=None, final: bool = False, hot=None, routed=None, **_ignored) -> None:
+                      latency_p99_ms=None, final: bool = False, hot=None, routed=None, latency_hist=None,
+                      **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -186,9 +188,14 @@ class BalancerPlugin(SchedulerPlugin):
         if kind == "owner":
             if not 0 <= int(instance) < n:
                 raise ValueError(f"instance {instance} outside 0..{n - 1} of {operator!r}")
+            if latency_hist is not None:
+                latency_hist = np.asarray(latency_hist, dtype=np.float64)
+                if latency_hist.shape != (_latency.BINS,) or not (latency_hist >= 0).all():
+                    raise ValueError(f"latency histogram of instance {instance} of {operator!r} is not "
+                                     f"{_latency.BINS} non-negative counts (streamlb.latency.EDGES_MS)")
             slot[("owner", int(instance))] = {
                 "records": int(records), "busy": float(busy), "queued": int(queued),
-                "latency_p99_ms": latency_p99_ms, "final": bool(final),
+                "latency_p99_ms": latency_p99_ms, "latency_hist": latency_hist, "final": bool(final),
             }
         elif kind == "router":
             if not 0 <= int(instance) < m:
@@ -237,6 +244,8 @@ class BalancerPlugin(SchedulerPlugin):
             operator, op.table.owners, load, n, epoch=op.table.epoch, window_start=window_start,
             window=self.window, busy_seconds=[reports[i]["busy"] for i in range(n)],
             queued_batches=[reports[i]["queued"] for i in range(n)], recently_moved=recent,
+            latency_hist=[reports[i]["latency_hist"] if reports[i]["latency_hist"] is not None
+                          else np.zeros(_latency.BINS) for i in range(n)],
             hot_keys=hot_keys, splits=op.table.splits, splittable=op.kind == "aggregate",
         )
         per_instance = report.instance_load()

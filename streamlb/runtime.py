@@ -22,7 +22,7 @@ __all__ = ["run", "Job", "METRIC_COLUMNS"]
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
     "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
-    "split_records",
+    "split_records", "latency_hist",
 ]
 
 

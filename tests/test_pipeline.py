@@ -72,6 +72,13 @@ def test_aggregate_equals_pandas(client, zipf_path, zipf_frame):
     assert list(m.columns[:10]) == required and list(m.columns) == streamlb.METRIC_COLUMNS
     assert m[m.operator == "totals"].records.sum() == len(zipf_frame)
     assert set(m[m.operator == "totals"].instance) == set(range(len(client.scheduler_info()["workers"])))
+    # every record applied is counted once in its window's latency histogram, and the
+    # histogram's percentiles agree with the window's own to within a bin (19%)
+    own = m[(m.operator == "totals") & (m.records > 0)]
+    hists = np.stack(own.latency_hist.to_list())
+    assert (hists.sum(axis=1) == own.records.to_numpy()).all()
+    for h, p99 in zip(hists, own.latency_p99_ms):
+        assert streamlb.latency.quantile(h, 0.99) == pytest.approx(p99, rel=0.2, abs=0.25)
 
 
 def test_stateful_map_running_count_keeps_per_key_order(client, zipf_path, zipf_frame):

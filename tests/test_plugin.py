@@ -103,6 +103,7 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
 
         def send_garbage(dask_worker, jid=jid):
             for msg in ({"kind": "owner", "instance": 9},
+                        {"kind": "owner", "instance": 0, "latency_hist": [1, -2]},
                         {"kind": "router", "instance": 0, "groups": [500], "counts": [5]},
                         {"kind": "router", "instance": 0, "groups": [1, 2], "counts": [5]},
                         {"kind": "router", "instance": 0},
@@ -124,7 +125,8 @@ def test_bad_input_is_refused_and_the_job_keeps_running(cluster2, skewed):
     assert reasons.count("key-group counts from router 0 of 'agg' do not fit 0..127") == 2
     assert reasons.count("hot keys from router 0 of 'agg' must be [key, count] pairs") == 2
     assert "records routed by router 0 of 'agg' are not 4 non-negative counts" in reasons
-    assert "malformed load report" in reasons and len(refused) == 7
+    assert "latency histogram of instance 0 of 'agg' is not 82 non-negative counts" in reasons
+    assert "malformed load report" in reasons and len(refused) == 8
 
 
 def test_register_plugin_explicitly(cluster2, skewed):
