@@ -60,9 +60,13 @@ def _unwrap(x):
 class OperatorControl:
     """Routing state of one keyed operator."""
 
-    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate") -> None:
+    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate",
+                 terminal: bool = False) -> None:
         self.name = name
         self.kind = kind
+        # lazy moves into an aggregate nothing reads per batch merge state instead of
+        # pulling keys (Instance._merges): routers then ask for nothing
+        self.merges_lazy = kind == "aggregate" and terminal
         self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
         self.routers = [tuple(p) for p in routers]
         self.table = table
@@ -90,7 +94,7 @@ class JobControl:
         self.operators = {
             name: OperatorControl(name, op["owners"], op["routers"],
                                   RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])),
-                                  op.get("kind", "aggregate"))
+                                  op.get("kind", "aggregate"), bool(op.get("terminal", False)))
             for name, op in topology["operators"].items()
         }
         self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
@@ -221,7 +225,8 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
                              f"{type(exc).__name__}: {exc}") from exc
     paused = strategy == "pause"
     # lazy: routers ask the old owners for moving keys as they route their rows
-    prefetch = {g: int(old.owners[g]) for g in assignment} if strategy == "lazy" else None
+    prefetch = ({g: int(old.owners[g]) for g in assignment}
+                if strategy == "lazy" and not op.merges_lazy else None)
     switching = False
     try:
         if paused:

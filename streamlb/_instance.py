@@ -18,7 +18,7 @@ import traceback
 import numpy as np
 import pandas as pd
 
-from . import _shuffle, _state
+from . import _shuffle, _state, config
 from . import latency as _latency
 from .hotkeys import SpaceSaving
 from .exceptions import PipelineError, StreamlbError, UserFunctionError
@@ -225,6 +225,9 @@ class Instance:
         self._marks: dict[int, set[int]] = collections.defaultdict(set)
         self._migs: dict[int, _Migration] = {}
         self._pending_in: dict[int, _Migration] = {}     # key group -> migration bringing it
+        # lazy into a terminal aggregate: incoming key group -> migration whose old state
+        # will be merged in; its rows are applied at once meanwhile
+        self._merging: dict[int, _Migration] = {}
         self._held: list[_Held] = []
         self._done_epochs: set[int] = set()
         self._finishing = False
@@ -531,6 +534,16 @@ class Instance:
         """
         st = self.stage
         held = False
+        merged_into = None
+        if self._merging and len(frame) and not release:
+            if groups is None:
+                groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
+            firsts = {id(m): m for m in self._merging.values() if m.first_applied is None}
+            if firsts:
+                incoming = np.fromiter(self._merging, np.int64, len(self._merging))
+                if np.isin(groups, incoming).any():
+                    merged_into = [m for m in firsts.values()
+                                   if np.isin(groups, np.fromiter(m.incoming, np.int64, len(m.incoming))).any()]
         if self._pending_in and len(frame) and not release:
             if groups is None:
                 groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
@@ -576,9 +589,12 @@ class Instance:
         if out is not None:
             await self._run_steps(st.children, out, emitted)
         self.records_in += n
-        if self._pending_in:
-            # records of other key groups applied while this owner waits for state
-            for m in {id(m): m for m in self._pending_in.values()}.values():
+        if merged_into:
+            for m in merged_into:       # rows of moved groups applied here, their old state to come
+                m.first_applied = m.first_applied or time.time()
+        if self._pending_in or self._merging:
+            # records applied while this owner waits for state
+            for m in {id(m): m for m in [*self._pending_in.values(), *self._merging.values()]}.values():
                 m.applied_while_waiting += n
         self._account(n, time.perf_counter() - t1 - self._blocked, (applied - emitted) * 1e3)
         return held
@@ -624,7 +640,7 @@ class Instance:
     def _can_finish(self) -> bool:
         """End of stream from every router, no state on its way, and (split keys) no
         partial aggregate still to come from a sibling."""
-        return (self._finishing and not self._pending_in
+        return (self._finishing and not self._pending_in and not self._merging
                 and (not self._combines or len(self._peer_eos) == len(self.siblings) - 1))
 
     async def _flush(self, m: "_Migration", barriers: list) -> None:
@@ -754,8 +770,9 @@ class Instance:
         m.outgoing.update({g: to for to, gs in outgoing.items() for g in gs})
         m.incoming.update(incoming)
         m.flush_to.update(int(h) for h in flush)
+        waiting = self._merging if self._merges(strategy) else self._pending_in
         for g in incoming:
-            self._pending_in[g] = m
+            waiting[g] = m
         if incoming:
             self.store.reserve(incoming)
         self._check_alignment()
@@ -765,8 +782,9 @@ class Instance:
         m = self._migs.pop(epoch, None)
         if m is not None:
             for g in m.incoming:
-                if self._pending_in.get(g) is m:
-                    del self._pending_in[g]
+                for waiting in (self._pending_in, self._merging):
+                    if waiting.get(g) is m:
+                        del waiting[g]
         self._wake.set()        # a finishing owner may have been waiting only for this epoch
 
     def _check_alignment(self) -> None:
@@ -853,7 +871,7 @@ class Instance:
         for dest, *request in requests:
             by_dest[dest].append(request)
         await asyncio.gather(*[self._ship_keys(m, dest, rs) for dest, rs in by_dest.items()])
-        if not requests and self._lazy_delay > 0:
+        if not requests and self._lazy_delay > 0 and not self._merges(m.strategy):
             try:
                 await asyncio.wait_for(m.pulled.wait(), self._lazy_delay)
             except asyncio.TimeoutError:
@@ -897,6 +915,7 @@ class Instance:
         got = set(groups)
         for g in groups:
             self._pending_in.pop(g, None)
+            self._merging.pop(g, None)
         m = self._migs[epoch]
         m.installed.update(groups)
         if len(m.installed) == len(m.incoming):
@@ -925,7 +944,7 @@ class Instance:
     def forget(self, epoch: int, target: int | None = None) -> None:
         """The coordinator has recorded epoch ``epoch``: drop what was kept for it."""
         m = self._migs.get(epoch)
-        if m is not None and not any(p is m for p in self._pending_in.values()):
+        if m is not None and not any(p is m for p in [*self._pending_in.values(), *self._merging.values()]):
             del self._migs[epoch]
         self._marks.pop(epoch, None)
         self._done_epochs.discard(epoch)
@@ -1248,9 +1267,27 @@ class Instance:
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0
 
-    def state(self) -> pd.DataFrame:
+    def _merges(self, strategy: str) -> bool:
+        """Whether a ``strategy`` epoch moves this operator's state by merging: ``lazy`` into
+        an aggregate nothing reads per batch (no downstream step). Its counts, sums, minima
+        and maxima combine, so a new owner applies a moved group's rows at once and merges
+        the old state in when it drains; no row waits and no key is pulled."""
+        return strategy == "lazy" and self.stage.kind == "aggregate" and not self.stage.children
+
+    def _merge_in_flight(self) -> bool:
+        return bool(self._merging) or any(
+            self._merges(m.strategy) and len(m.sent) < len(m.outgoing) for m in self._migs.values())
+
+    async def state(self) -> pd.DataFrame:
+        """The keyed state held here. While a merging lazy epoch moves state to or from
+        this instance, a key's value is split over the old and new owner: wait until this
+        instance's part of it is through (the new owner has merged all, the old owner has
+        sent all), so the instances' frames together count every record once."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
+        deadline = time.time() + config.seconds("migration.timeout")
+        while self._merge_in_flight() and self.status == "running" and time.time() < deadline:
+            await asyncio.sleep(0.01)
         return self.store.frame()
 
     async def stop(self) -> None:

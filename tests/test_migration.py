@@ -89,6 +89,65 @@ def wide_path(tmp_path_factory):
     return str(path), df
 
 
+MERGE_AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "lo": ("value", "min"),
+             "hi": ("value", "max"), "mean": ("value", "mean")}
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(moves=st.lists(st.tuples(st.floats(0.0, 0.2), st.sets(st.integers(0, G - 1), min_size=1, max_size=40),
+                                st.integers(0, 2)), min_size=1, max_size=3))
+def test_lazy_into_a_terminal_aggregate_merges_without_loss(two_workers, zipf_path, zipf_frame, moves):
+    """An aggregate nothing reads per batch moves lazily by merging: the new owner applies
+    the moved groups' rows at once and the old state is merged in as it drains. The final
+    state equals pandas."""
+    src = Stream.from_parquet(zipf_path, batch_size=10_000, rate=250_000)
+    src.key_by("key").aggregate(MERGE_AGG, parallelism=3, name="totals")
+    truth = zipf_frame.groupby("key").agg(**MERGE_AGG)
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        for delay, groups, to in moves:
+            time.sleep(delay)
+            try:
+                job.migrate("totals", groups, to, strategy="lazy")
+            except MigrationError as exc:   # the stream ended first: a refusal, nothing moved
+                assert "it cannot take part" in str(exc)
+                break
+            assert (job.routing("totals").owners[sorted(groups)] == to).all()
+        job.wait(timeout=120)
+        assert [e["strategy"] for e in job.history] == ["lazy"] * len(job.history)
+        assert all(e["first_moved_record_applied"] is None or e["first_moved_record_applied"] < e["installed"]
+                   for e in job.history)
+        pd.testing.assert_frame_equal(job.state("totals").sort_index(), truth, check_dtype=False)
+
+
+def test_state_read_during_a_merging_lazy_move_counts_each_record_once(two_workers, wide_path):
+    """While a large state merges over (the moved groups' rows applied at the new owner
+    before their old state has drained), every read of the state has each key once, and
+    no key's count goes down from one read to the next."""
+    import threading
+
+    path, df = wide_path
+    src = Stream.from_parquet(path, batch_size=20_000, rate=600_000)
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        time.sleep(0.9)
+        moving = job.routing("n").key_groups_of(0)
+        before = job.state("n")["n"]
+        mover = threading.Thread(target=job.migrate, args=("n", moving, 1), kwargs={"strategy": "lazy"})
+        mover.start()
+        reads = []
+        while mover.is_alive() or not reads:
+            reads.append(job.state("n")["n"])
+        mover.join()
+        job.wait(timeout=120)
+        final = job.state("n")["n"]
+        e = job.history[-1]
+    assert e["first_moved_record_applied"] < e["installed"]      # rows went in before the state
+    for earlier, later in zip([before, *reads], [*reads, final]):
+        assert not later.index.duplicated().any()
+        assert (later.reindex(earlier.index, fill_value=0) >= earlier).all()
+    assert final.sum() == len(df) and len(final) == df.key.nunique()
+
+
 @pytest.mark.parametrize("strategy", ["all-at-once", "lazy"])
 def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path, strategy):
     path, df = wide_path
