@@ -536,14 +536,13 @@ class Instance:
         held = False
         merged_into = None
         if self._merging and len(frame) and not release:
-            if groups is None:
-                groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
-            firsts = {id(m): m for m in self._merging.values() if m.first_applied is None}
+            # the first row of a merging epoch's groups applied here is its first moved record
+            firsts = [m for m in {id(m): m for m in self._merging.values()}.values() if m.first_applied is None]
             if firsts:
-                incoming = np.fromiter(self._merging, np.int64, len(self._merging))
-                if np.isin(groups, incoming).any():
-                    merged_into = [m for m in firsts.values()
-                                   if np.isin(groups, np.fromiter(m.incoming, np.int64, len(m.incoming))).any()]
+                if groups is None:
+                    groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)
+                merged_into = [m for m in firsts
+                               if np.isin(groups, np.fromiter(m.incoming, np.int64, len(m.incoming))).any()]
         if self._pending_in and len(frame) and not release:
             if groups is None:
                 groups = assign_to_key_group(frame[st.key_name].to_numpy(), self.key_groups, name=st.key_name)

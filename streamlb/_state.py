@@ -307,19 +307,22 @@ class AggregateState:
         return out
 
     def install(self, blob: dict) -> None:
-        """Merge state cut from another instance (its keys are absent here)."""
+        """Merge state cut from another instance. Its keys are absent here, or (lazy by
+        merging) hold what arrived since the switch: counts and sums add, minima and maxima
+        take the extreme."""
         self._adopt_split()
         for c, dt in blob["dtypes"].items():
             self.dtypes.setdefault(c, dt)
         for part in blob["parts"]:
             at = self._shard_of[part["key_groups"]]
+            tables = self._as_held(part["tables"])     # in this state's dtypes
             shards = list(self.shards)          # carving renumbers shards: keep these
             for s in np.unique(at).tolist():
                 sh, sel = shards[s], at == s
                 kg = part["key_groups"][sel]
                 if sh.live:
                     sh = self._carve(sh, int(kg.min()), int(kg.max()) + 1, len(kg)) or sh
-                sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in part["tables"].items()})
+                sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in tables.items()})
         self._split_large(list(self.shards))
 
     # -- split keys ---------------------------------------------------------------------------
