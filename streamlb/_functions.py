@@ -55,7 +55,8 @@ class UserFunction:
             from .nodes import describe
 
             name = getattr(self.func, "__module__", None)
-            by_value = _is_user_module(name)
+            # leave a registration the user made in place: undo only our own
+            by_value = _is_user_module(name) and name not in cloudpickle.list_registry_pickle_by_value()
             if by_value:
                 cloudpickle.register_pickle_by_value(sys.modules[name])
             try:

@@ -172,3 +172,28 @@ def test_bad_records_go_to_dead_letters_and_the_job_goes_on(client):
     ])
     assert {r["amount"] for r in dead.record} == {1, 2, "lots"}
     assert set(dead.operator) == {"spend"}
+
+
+def _shipped(x):
+    return x + 1
+
+
+def test_shipping_a_function_keeps_the_users_own_pickle_by_value_registration():
+    """A module the user registered with cloudpickle to pickle by value stays registered
+    after streamlb ships one of its functions (streamlb undoes only its own registration),
+    and one streamlb registered for shipping is unregistered again."""
+    import sys
+
+    import cloudpickle
+
+    from streamlb._functions import UserFunction
+
+    name = __name__
+    cloudpickle.register_pickle_by_value(sys.modules[name])
+    try:
+        assert UserFunction(_shipped).payload()
+        assert name in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[name])
+    assert cloudpickle.loads(UserFunction(_shipped).payload())(1) == 2
+    assert name not in cloudpickle.list_registry_pickle_by_value()
