@@ -132,12 +132,21 @@ def test_state_read_during_a_merging_lazy_move_counts_each_record_once(two_worke
         time.sleep(0.9)
         moving = job.routing("n").key_groups_of(0)
         before = job.state("n")["n"]
-        mover = threading.Thread(target=job.migrate, args=("n", moving, 1), kwargs={"strategy": "lazy"})
+        errors: list = []
+
+        def move():
+            try:
+                job.migrate("n", moving, 1, strategy="lazy")
+            except Exception as exc:        # shown below, not lost in the thread
+                errors.append(exc)
+
+        mover = threading.Thread(target=move)
         mover.start()
         reads = []
         while mover.is_alive() or not reads:
             reads.append(job.state("n")["n"])
         mover.join()
+        assert not errors, errors
         job.wait(timeout=120)
         final = job.state("n")["n"]
         e = job.history[-1]
