@@ -61,12 +61,10 @@ class OperatorControl:
     """Routing state of one keyed operator."""
 
     def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate",
-                 terminal: bool = False) -> None:
+                 merges_lazily: bool = False) -> None:
         self.name = name
         self.kind = kind
-        # lazy moves into an aggregate nothing reads per batch merge state instead of
-        # pulling keys (Instance._merges): routers then ask for nothing
-        self.merges_lazy = kind == "aggregate" and terminal
+        self.merges_lazily = merges_lazily      # Stage.merges_lazily: lazy moves pull no key
         self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
         self.routers = [tuple(p) for p in routers]
         self.table = table
@@ -94,7 +92,7 @@ class JobControl:
         self.operators = {
             name: OperatorControl(name, op["owners"], op["routers"],
                                   RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])),
-                                  op.get("kind", "aggregate"), bool(op.get("terminal", False)))
+                                  op.get("kind", "aggregate"), bool(op.get("merges_lazily", False)))
             for name, op in topology["operators"].items()
         }
         self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
@@ -226,7 +224,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
     paused = strategy == "pause"
     # lazy: routers ask the old owners for moving keys as they route their rows
     prefetch = ({g: int(old.owners[g]) for g in assignment}
-                if strategy == "lazy" and not op.merges_lazy else None)
+                if strategy == "lazy" and not op.merges_lazily else None)
     switching = False
     try:
         if paused:

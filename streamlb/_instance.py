@@ -1267,11 +1267,10 @@ class Instance:
         return len(self.store) if self.store is not None else 0
 
     def _merges(self, strategy: str) -> bool:
-        """Whether a ``strategy`` epoch moves this operator's state by merging: ``lazy`` into
-        an aggregate nothing reads per batch (no downstream step). Its counts, sums, minima
-        and maxima combine, so a new owner applies a moved group's rows at once and merges
+        """Whether a ``strategy`` epoch moves this operator's state by merging (see
+        ``Stage.merges_lazily``): a new owner applies a moved group's rows at once and merges
         the old state in when it drains; no row waits and no key is pulled."""
-        return strategy == "lazy" and self.stage.kind == "aggregate" and not self.stage.children
+        return strategy == "lazy" and self.stage.merges_lazily
 
     def _merge_in_flight(self) -> bool:
         return bool(self._merging) or any(

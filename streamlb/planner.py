@@ -68,6 +68,13 @@ class Stage:
     def is_source(self) -> bool:
         return self.kind.endswith("_source")
 
+    @property
+    def merges_lazily(self) -> bool:
+        """A ``lazy`` move of this stage's state merges rather than pulls: an aggregate
+        nothing reads per batch (no downstream step), whose counts, sums, minima and maxima
+        combine, so its rows need no old state to be applied."""
+        return self.kind == "aggregate" and not self.children
+
 
 @dataclass
 class Plan:

@@ -367,7 +367,7 @@ class Job:
                     "routers": [peer((up.id, i)) for i in range(up.parallelism)],
                     "table": self.tables[st.id].owners.tolist(), "epoch": self.tables[st.id].epoch,
                     "kind": st.kind,
-                    "terminal": not st.children,      # nothing downstream reads its values per batch
+                    "merges_lazily": st.merges_lazily,
                 }
         return {
             "job": self.id, "key_groups": self.key_groups,

@@ -171,3 +171,37 @@ def test_a_third_party_balancer_runs_a_job(cluster2, skewed):
         auto = imbalance_series(job.balancer_state())
         assert len(job.history) >= 1
     assert np.median(auto[3:-1]) < 1.15, auto
+
+
+def test_owner_latency_histograms_reach_the_balancers_load_report():
+    """The plugin merges each owner's latency histogram into the LoadReport its balancer
+    gets, one row per instance (zeros for an owner that sent none). In process: the
+    plugin's merge, with no scheduler."""
+    from streamlb import latency
+    from streamlb.balancer import Balancer
+    from streamlb.plugin import _Job
+
+    class Recording(Balancer):
+        name = "recording"
+
+        def __init__(self):
+            self.reports = []
+
+        def plan(self, report):
+            self.reports.append(report)
+            return []
+
+    plugin = BalancerPlugin(window=0.5, cooldown=0.0, max_groups=64)
+    topology = {"job": "j", "key_groups": 8, "sources": [["a", "s0"]], "instances": [],
+                "operators": {"agg": {"stage": 1, "owners": [["a", "o0"], ["b", "o1"]], "routers": [["a", "s0"]],
+                                      "table": [0, 1] * 4, "epoch": 0, "kind": "aggregate"}}}
+    job = plugin.jobs["j"] = _Job(topology, "static", {}, "fluid")
+    job.balancer = Recording()
+    hist = latency.histogram([3.0, 40.0], [10, 1])
+    plugin._receive_load(job="j", operator="agg", instance=0, window_start=1.0, records=11, latency_hist=hist.tolist())
+    plugin._receive_load(job="j", operator="agg", instance=1, window_start=1.0, records=0)
+    plugin._receive_load(job="j", operator="agg", instance=0, window_start=1.0, kind="router",
+                         groups=[0, 1], counts=[10, 1], routed=[10, 1])
+    (report,) = job.balancer.reports
+    np.testing.assert_array_equal(report.latency_hist, np.stack([hist, np.zeros(latency.BINS)]))
+    assert latency.quantile(report.latency_hist.sum(axis=0), 0.5) < 4.0 < latency.quantile(report.latency_hist[0], 0.99)

@@ -8,8 +8,8 @@ is the workers' resident set sampled every 20 ms. Each strategy runs on a fresh 
 
 ``lazy`` moves this job's state by merging (its aggregate feeds nothing downstream, see
 docs/migration.md#lazy-by-merging); ``lazy-pull`` is the same job with a step after the
-aggregate (a map that keeps no row, into a list sink), so a ``lazy`` move pulls keys and holds rows as it must
-for an operator whose values are read per batch.
+aggregate (a map that keeps no row, into a list sink), so a ``lazy`` move pulls keys and
+holds rows, as it must for an operator whose values are read per batch.
 
 p99 during / steady is the 99th percentile of the latencies of all records applied during
 the migration over that of the records of the 1.4 s before it, from the windows' latency
