@@ -225,6 +225,8 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
     # lazy: routers ask the old owners for moving keys as they route their rows
     prefetch = ({g: int(old.owners[g]) for g in assignment}
                 if strategy == "lazy" and not op.merges_lazily else None)
+    # lazy by merging: the moved rows are applied as they come, so sources send what is due
+    flush = strategy == "lazy" and op.merges_lazily
     switching = False
     try:
         if paused:
@@ -232,8 +234,9 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
             await _until(lambda: _all_idle(ctl, call), timeout, f"job {ctl.job} to drain before epoch {epoch}")
         switching = True
         t_switch = time.time()
-        await _gather(f"switching the routers of {op.name} to epoch {epoch}",
-                      [call(*r, "set_table", _target(ctl, op), new, prefetch) for r in op.routers])
+        switched = await _gather(f"switching the routers of {op.name} to epoch {epoch}",
+                                 [call(*r, "set_table", _target(ctl, op), new, prefetch, flush)
+                                  for r in op.routers])
         op.table = new          # the routers route by it now, whatever happens next
         involved = sorted({*incoming, *outgoing})
         status: list[dict] = []
@@ -262,7 +265,8 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         "key_groups": sorted(assignment), "from": sorted(outgoing), "to": sorted(incoming),
         "started": t0, "completed": time.time(),
         "applied_while_waiting": int(sum(by_instance[i]["applied_while_waiting"].get(epoch, 0) for i in incoming)),
-        "routers_switched": t_switch,
+        "switch_asked": t_switch,
+        "routers_switched": max((t for t in switched if t is not None), default=t_switch),
         "aligned": max((t for i in outgoing if (t := by_instance[i]["aligned_at"].get(epoch)) is not None),
                        default=None),
         "installed": max((t for i in incoming if (t := by_instance[i]["installed_at"].get(epoch)) is not None),

@@ -207,6 +207,7 @@ class Instance:
         self._ready: collections.deque = collections.deque()
         # emulated cost (``cost=``): when the last batch's service ends, if another waited
         self._served_until: float | None = None
+        self._flush = asyncio.Event()       # a source: send the rows already due now
         self._ctl: collections.deque = collections.deque()     # state installs: before data, in order
         # state sent between owners: numbered per (sender, receiver), installed in that order
         self._state_seq: dict[int, int] = collections.defaultdict(int)
@@ -324,6 +325,7 @@ class Instance:
         st = self.stage
         per_instance = st.rate / st.parallelism if st.rate else None
         replay = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
+        self._replaying = replay
         if replay:
             batches = self._replay_batches()
         else:
@@ -339,7 +341,6 @@ class Instance:
         await self._finish()
 
     async def _emit_all(self, loop, reader, batches, per_instance) -> None:
-        st = self.stage
         t0 = time.time()
         sent = 0
         ahead = loop.run_in_executor(reader, next, batches, None)
@@ -352,19 +353,49 @@ class Instance:
             if due is None and per_instance:
                 due = t0 + (sent + n) / per_instance
             if due is not None:
-                delay = due - time.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                while (delay := due - time.time()) > 0:
+                    try:
+                        await asyncio.wait_for(self._flush.wait(), delay)
+                    except asyncio.TimeoutError:
+                        break
+                    # an epoch switched this router, asking for a flush: the rows already
+                    # due go out now, so its new routing takes effect without waiting
+                    # for the batch's end (no row leaves before its time)
+                    self._flush.clear()
+                    cut = self._rows_due(batch, t0, sent, per_instance)
+                    if cut:
+                        await self._emit(batch.iloc[:cut], time.time())
+                        batch, sent = batch.iloc[cut:].reset_index(drop=True), sent + cut
                 emitted = due
             else:
                 emitted = time.time()
                 await asyncio.sleep(0)
-            sent += n
-            self.records_out += n
-            t1 = time.perf_counter()
-            self._blocked = 0.0
-            await self._run_steps(st.children, batch, emitted)
-            self._account(n, time.perf_counter() - t1 - self._blocked, None)
+            sent += len(batch)
+            await self._emit(batch, emitted)
+
+    async def _emit(self, batch, emitted: float) -> None:
+        n = len(batch)
+        self.records_out += n
+        t1 = time.perf_counter()
+        self._blocked = 0.0
+        await self._run_steps(self.stage.children, batch, emitted)
+        self._account(n, time.perf_counter() - t1 - self._blocked, None)
+
+    def _rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
+        """How many of ``batch``'s first rows are due by now: by their event time mapped to
+        wall time when replaying, else at ``per_instance`` records/s from ``t0``."""
+        now = time.time()
+        st = self.stage
+        if self._replaying:
+            walls = self._replay_wall(_times(batch[st.event_time]))
+            return int(np.searchsorted(walls, now, side="right"))
+        return int(min(max(np.floor((now - t0) * per_instance) - sent, 0), len(batch)))
+
+    def _replay_wall(self, t):
+        """Wall time at which event time ``t`` is replayed (``rate`` with ``event_time``)."""
+        st = self.stage
+        lo, hi = st.time_range
+        return self._epoch0 + (t - lo) / (hi - lo) * (st.total_rows / st.rate)
 
     def _replay_batches(self):
         """Replay on one clock shared by every instance: the event-time span of the whole log
@@ -408,7 +439,7 @@ class Instance:
                 chunk = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
                 if len(parts) > 1:
                     chunk = chunk.iloc[np.argsort(_times(chunk[col]), kind="stable")].reset_index(drop=True)
-                yield chunk, self._epoch0 + (t_end - lo) / (hi - lo) * wall
+                yield chunk, self._replay_wall(t_end)
             t = t_end
 
     def _file_batches(self, f: str):
@@ -702,26 +733,34 @@ class Instance:
             ) from None
 
     # -- epoch protocol: routers --------------------------------------------------------------
-    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None) -> None:
-        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel.
+    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
+                        flush: bool = False) -> float:
+        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel;
+        returns when the switch happened (wall clock).
 
         ``prefetch`` (lazy epochs): key group -> old owner. Routing rows of those groups to
         their new owners, this router also asks the old owners for their keys' state, so it
-        travels while the rows do."""
+        travels while the rows do. ``flush``: the moved rows are applied on arrival (lazy by
+        merging), so a source feeding this router sends the rows already due at once
+        rather than at the end of its batch."""
         if prefetch is None and self._only_adds_helpers(target, table):
             # nobody waits for this epoch's marker, and a batch routes by the table it read
             # when it began: switch now, not after a batch stalled on credits
             self.tables[target] = table
-            return
+            return time.time()
         async with self._xlocks[target]:
             self.tables[target] = table
+            switched = time.time()
             self._prefetch[target] = _Prefetch(
                 table.epoch, {int(g): int(o) for g, o in prefetch.items()}, self.key_groups,
                 table.owners[np.fromiter(prefetch, np.int64, len(prefetch))].tolist()) if prefetch else None
             if target in self._eos_sent_to:
-                return          # end of stream already told these owners: no more records
+                return switched     # end of stream already told these owners: no more records
             for ch in self.outputs[target]:
                 await ch.send("marker", time.time(), table.epoch)
+        if flush:
+            self._flush.set()
+        return switched
 
     def _only_adds_helpers(self, target: int, table: RoutingTable) -> bool:
         """``table`` differs from the one in force only by new helpers of split keys: no key
@@ -880,13 +919,15 @@ class Instance:
         """Lazy, old owner: serve the keys asked for before alignment, then move the rest
         of the groups ``lazy-step`` at a time (key requests get in between chunks). With
         no request yet, the drain waits up to ``lazy-delay`` seconds for the first one, so
-        the first moved rows' keys do not queue behind whole groups."""
+        the first moved rows' keys do not queue behind whole groups; a merging epoch, which
+        pulls nothing, waits that long before its first chunk, so the first moved rows are
+        not applied behind whole groups' installs (or their cuts here)."""
         requests, m.key_requests = m.key_requests, []
         by_dest: dict[int, list] = collections.defaultdict(list)
         for dest, *request in requests:
             by_dest[dest].append(request)
         await asyncio.gather(*[self._ship_keys(m, dest, rs) for dest, rs in by_dest.items()])
-        if not requests and self._lazy_delay > 0 and not self._merges(m.strategy):
+        if not requests and self._lazy_delay > 0:
             try:
                 await asyncio.wait_for(m.pulled.wait(), self._lazy_delay)
             except asyncio.TimeoutError:

@@ -266,3 +266,50 @@ def test_fluid_epochs_take_moves_in_turn_by_pair():
     order = _interleave(moving, owners)
     assert sorted(order) == sorted(moving)
     assert [g for g, _ in order] == [0, 8, 1, 2, 10, 3, 4, 12, 6, 14]
+
+
+def test_a_flush_sends_the_rows_already_due_and_no_row_before_its_time():
+    """A router switched by a merging lazy epoch asks its source to flush: the rows of the
+    current batch already due go out at once, the rest at the batch's end; every row goes
+    out once, in order, and none before its time (``rate``: row i is due at t0 + (i+1)/rate)."""
+    import asyncio
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from streamlb._instance import Instance
+
+    rate, n = 2000.0, 200                        # two batches of 100 ms
+    batches = [(pd.DataFrame({"i": np.arange(k * n, (k + 1) * n)}), None) for k in range(2)]
+    out = []
+
+    async def go():
+        inst = SimpleNamespace(stage=SimpleNamespace(), _gate=asyncio.Event(), _flush=asyncio.Event(),
+                               _replaying=False)
+        inst._gate.set()
+
+        async def emit(batch, emitted):
+            out.append((batch["i"].to_numpy(), emitted, time.time()))
+
+        inst._emit = emit
+        inst._rows_due = lambda *a: Instance._rows_due(inst, *a)
+        loop = asyncio.get_running_loop()
+        reader = concurrent.futures.ThreadPoolExecutor(1)
+
+        async def flush_later():
+            await asyncio.sleep(0.15)            # half-way through the second batch
+            inst._flush.set()
+
+        t0 = time.time()
+        flusher = asyncio.ensure_future(flush_later())
+        await Instance._emit_all(inst, loop, reader, iter(batches), rate)
+        await flusher
+        reader.shutdown()
+        return t0
+
+    t0 = asyncio.run(go())
+    rows = np.concatenate([r for r, _, _ in out])
+    np.testing.assert_array_equal(rows, np.arange(2 * n))          # each row once, in order
+    for r, _, sent_at in out:
+        assert sent_at >= t0 + (r[-1] + 1) / rate - 1e-3            # none before its time
+    sizes = [len(r) for r, _, _ in out]
+    assert len(sizes) == 3 and sizes[0] == n and 0 < sizes[1] < n   # the second batch was split
