@@ -184,7 +184,7 @@ class Instance:
 
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
                  key_groups: int, window: float, credits: int, lazy_step: int = 1,
-                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17) -> None:
+                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0) -> None:
         self.stage = stage
         self.index = index
         self.job = job
@@ -194,6 +194,7 @@ class Instance:
         self.label = f"{stage.name}[{index}]"
         self._lazy_step = lazy_step
         self._lazy_delay = lazy_delay
+        self._lazy_pace = max(0.0, float(lazy_pace))
         self._lazy_asked = max(1, int(lazy_asked))
         self.upstream_instances = upstream_instances
         self.status = "created"
@@ -921,7 +922,8 @@ class Instance:
         no request yet, the drain waits up to ``lazy-delay`` seconds for the first one, so
         the first moved rows' keys do not queue behind whole groups; a merging epoch, which
         pulls nothing, waits that long before its first chunk, so the first moved rows are
-        not applied behind whole groups' installs (or their cuts here)."""
+        not applied behind whole groups' installs (or their cuts here), and after each chunk
+        waits ``lazy-pace`` times as long as the chunk took."""
         requests, m.key_requests = m.key_requests, []
         by_dest: dict[int, list] = collections.defaultdict(list)
         for dest, *request in requests:
@@ -934,9 +936,14 @@ class Instance:
                 pass
         step = max(1, int(self._lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
+        merging = self._merges(m.strategy)
         for i in range(0, len(rest), step):
             await asyncio.sleep(0)          # let data and requests in between chunks
+            t = time.perf_counter()
             await self._ship(m, rest[i:i + step])
+            if merging and self._lazy_pace:
+                # nothing waits for a merging drain: leave the loops room for the data
+                await asyncio.sleep(self._lazy_pace * (time.perf_counter() - t))
 
     async def install_state(self, src: int, seq: int, kind: str, args) -> None:
         """State cut by owner ``src`` (its ``seq``-th cut for this owner): whole key groups

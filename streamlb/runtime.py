@@ -157,6 +157,7 @@ class Job:
                     Instance, st, i, ups[st.id], job=self.id, key_groups=key_groups,
                     window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
                     lazy_delay=config.get("migration.lazy-delay"),
+                    lazy_pace=config.get("migration.lazy-pace"),
                     lazy_asked=config.get("migration.lazy-asked-keys"),
                     actor=True, workers=[w],
                     allow_other_workers=False, pure=False, key=f"streamlb-{self.id}-{st.id}-{i}",
