@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from . import config
 from .exceptions import MigrationError
 from .keygroups import assign_to_key_group
 from .routing import RoutingTable
@@ -138,11 +139,14 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
                         f"{[int(op.table.owners[g]), *helpers]}; merge it back (Job.split(..., helpers=[])) "
                         "before moving its group"
                     )
-            step = fluid_step if strategy == "fluid" else max(len(moving), 1)
             if strategy == "fluid":
                 moving = _interleave(moving, op.table.owners)
-            for i in range(0, len(moving), step):
-                await _epoch(ctl, call, op, dict(moving[i:i + step]), strategy, timeout)
+                epochs = _fluid_epochs(moving, fluid_step, await _keys_held(op, call, moving),
+                                       int(config.get("migration.fluid-keys")))
+            else:
+                epochs = [moving] if moving else []
+            for part in epochs:
+                await _epoch(ctl, call, op, dict(part), strategy, timeout)
         finally:
             op.in_flight = False
             op.last_completed = time.time()
@@ -158,6 +162,33 @@ def _interleave(moving: list[tuple[int, int]], owners) -> list[tuple[int, int]]:
         pairs.setdefault((int(owners[g]), to), []).append((g, to))
     queues = list(pairs.values())
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
+async def _keys_held(op: OperatorControl, call: Call, moving: list[tuple[int, int]]) -> dict[int, int]:
+    """Keys each moving group holds now, asked of its owner."""
+    by_owner: dict[int, list[int]] = {}
+    for g, _ in moving:
+        by_owner.setdefault(int(op.table.owners[g]), []).append(g)
+    counts = await _gather("counting the keys of the moving groups",
+                           [call(*op.owners[i], "group_keys", gs) for i, gs in by_owner.items()])
+    return {g: int(c) for gs, cs in zip(by_owner.values(), counts) for g, c in zip(gs, cs)}
+
+
+def _fluid_epochs(moving: list[tuple[int, int]], step: int, keys: dict[int, int],
+                  budget: int) -> list[list[tuple[int, int]]]:
+    """Cut the moves into fluid epochs: each takes at least ``step`` key groups, and more
+    while the keys it moves stay within ``budget``, so small groups move together rather
+    than an epoch (a few round trips) apiece."""
+    epochs: list[list[tuple[int, int]]] = []
+    cur: list[tuple[int, int]] = []
+    held = 0
+    for g, to in moving:
+        if len(cur) >= step and held + keys.get(g, 0) > budget:
+            epochs.append(cur)
+            cur, held = [], 0
+        cur.append((g, to))
+        held += keys.get(g, 0)
+    return epochs + [cur] if cur else epochs
 
 
 async def _check_settled(op: OperatorControl, call: Call, assignment: dict[int, int]) -> None:
@@ -241,8 +272,10 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         involved = sorted({*incoming, *outgoing})
         status: list[dict] = []
 
+        deadline = time.time() + timeout
+
         async def complete() -> bool:
-            status[:] = await _gather("epoch status", [call(*peer[i], "epochs") for i in involved])
+            status[:] = await _epoch_status(call, [peer[i] for i in involved], epoch, deadline)
             return all(epoch in s["done"] for s in status)
 
         try:
@@ -351,8 +384,10 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
                   [call(*r, "set_table", _target(ctl, op), new, None) for r in op.routers])
     op.table = new
 
+    deadline = time.time() + timeout
+
     async def flushed() -> bool:
-        status = await _gather("epoch status", [call(*op.owners[h], "epochs") for h in flush])
+        status = await _epoch_status(call, [op.owners[h] for h in flush], epoch, deadline)
         return all(epoch in s["done"] for s in status)
 
     try:
@@ -379,6 +414,13 @@ def _target(ctl: JobControl, op: OperatorControl) -> int:
 
 async def _all_idle(ctl: JobControl, call: Call) -> bool:
     return all(await _gather("drain check", [call(*p, "idle") for p in ctl.instances]))
+
+
+async def _epoch_status(call: Call, owners: list, epoch: int, deadline: float) -> list[dict]:
+    """The owners' epoch status; each answers as soon as ``epoch`` is through there, or
+    after at most 0.5 s (and never past ``deadline``), so completion needs no polling."""
+    wait = max(0.0, min(0.5, deadline - time.time()))
+    return await _gather("epoch status", [call(*p, "wait_epoch", epoch, wait) for p in owners])
 
 
 async def _until(cond, timeout: float, what: str) -> None:

@@ -208,7 +208,7 @@ class Instance:
         self._ready: collections.deque = collections.deque()
         # emulated cost (``cost=``): when the last batch's service ends, if another waited
         self._served_until: float | None = None
-        self._flush = asyncio.Event()       # a source: send the rows already due now
+        self._flush_due = asyncio.Event()   # a source: send the rows already due now
         self._ctl: collections.deque = collections.deque()     # state installs: before data, in order
         # state sent between owners: numbered per (sender, receiver), installed in that order
         self._state_seq: dict[int, int] = collections.defaultdict(int)
@@ -234,6 +234,7 @@ class Instance:
         self._merging: dict[int, _Migration] = {}
         self._held: list[_Held] = []
         self._done_epochs: set[int] = set()
+        self._done_events: dict[int, asyncio.Event] = {}     # epochs a coordinator waits for
         self._finishing = False
         self._mig_tasks: set = set()
         # split keys: partial aggregates go to the key's home; the home finishes only once
@@ -356,13 +357,13 @@ class Instance:
             if due is not None:
                 while (delay := due - time.time()) > 0:
                     try:
-                        await asyncio.wait_for(self._flush.wait(), delay)
+                        await asyncio.wait_for(self._flush_due.wait(), delay)
                     except asyncio.TimeoutError:
                         break
                     # an epoch switched this router, asking for a flush: the rows already
                     # due go out now, so its new routing takes effect without waiting
                     # for the batch's end (no row leaves before its time)
-                    self._flush.clear()
+                    self._flush_due.clear()
                     cut = self._rows_due(batch, t0, sent, per_instance)
                     if cut:
                         await self._emit(batch.iloc[:cut], time.time())
@@ -760,7 +761,7 @@ class Instance:
             for ch in self.outputs[target]:
                 await ch.send("marker", time.time(), table.epoch)
         if flush:
-            self._flush.set()
+            self._flush_due.set()
         return switched
 
     def _only_adds_helpers(self, target: int, table: RoutingTable) -> bool:
@@ -915,6 +916,8 @@ class Instance:
         if (len(m.sent) == len(m.outgoing) and len(m.installed) == len(m.incoming)
                 and (m.flushed or not m.flush_to)):
             self._done_epochs.add(m.epoch)
+            if (ev := self._done_events.get(m.epoch)) is not None:
+                ev.set()
 
     async def _drain_lazy(self, m: "_Migration") -> None:
         """Lazy, old owner: serve the keys asked for before alignment, then move the rest
@@ -1011,9 +1014,21 @@ class Instance:
             del self._migs[epoch]
         self._marks.pop(epoch, None)
         self._done_epochs.discard(epoch)
+        self._done_events.pop(epoch, None)
         pf = self._prefetch.get(target) if target is not None else None
         if pf is not None and pf.epoch == epoch:
             self._prefetch[target] = None
+
+    async def wait_epoch(self, epoch: int, wait: float) -> dict:
+        """:meth:`epochs`, once epoch ``epoch`` is done here or after ``wait`` seconds,
+        whichever comes first: the coordinator learns of completion without polling."""
+        if epoch not in self._done_epochs:
+            ev = self._done_events.setdefault(epoch, asyncio.Event())
+            try:
+                await asyncio.wait_for(ev.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+        return self.epochs()
 
     def epochs(self) -> dict:
         """Epoch progress at this instance, for the coordinator."""
@@ -1329,6 +1344,12 @@ class Instance:
 
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0
+
+    async def group_keys(self, groups: list[int]) -> list[int]:
+        """Keys held here of each of ``groups`` (on the loop, where the store changes)."""
+        if self.store is None:
+            return [0] * len(groups)
+        return self.store.keys_per_group(groups).tolist()
 
     def _merges(self, strategy: str) -> bool:
         """Whether a ``strategy`` epoch moves this operator's state by merging (see

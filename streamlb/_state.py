@@ -422,6 +422,13 @@ class AggregateState:
     def __len__(self) -> int:
         return sum(int(sh.live) for sh in self.shards)
 
+    def keys_per_group(self, groups) -> np.ndarray:
+        """Keys held here of each key group of ``groups`` (from the shards' live counts)."""
+        counts = np.zeros(self.groups, np.int64)
+        for sh in self.shards:
+            counts[sh.lo:sh.hi] += sh.held
+        return counts[np.asarray(groups, np.int64)]
+
 
 def _pieces(live: int) -> int:
     """Pieces a shard of ``live`` keys splits into: each of at most 3/4 SHARD_KEYS keys."""
@@ -777,6 +784,10 @@ class StatefulMapState:
 
     def __len__(self) -> int:
         return len(self.states)
+
+    def keys_per_group(self, groups) -> np.ndarray:
+        """Keys held here of each key group of ``groups``."""
+        return np.array([len(self.by_group.get(int(g), ())) for g in groups], np.int64)
 
     def frame(self) -> pd.DataFrame:
         keys = list(self.states)

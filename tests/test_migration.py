@@ -48,14 +48,18 @@ moves = st.lists(
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(moves=moves, asked=st.sampled_from([50, 1 << 17]))
-def test_random_moves_lose_nothing_and_keep_per_key_order(two_workers, zipf_path, zipf_frame, strategy, moves, asked):
+@given(moves=moves, asked=st.sampled_from([50, 1 << 17]), fluid_keys=st.sampled_from([0, 1 << 16]))
+def test_random_moves_lose_nothing_and_keep_per_key_order(two_workers, zipf_path, zipf_frame, strategy, moves, asked,
+                                                          fluid_keys):
     """``asked``: with lazy, a router that remembers only 50 keys it asked for asks again
-    for keys already pulled (nothing comes back for them)."""
+    for keys already pulled (nothing comes back for them). ``fluid_keys``: 0 makes every
+    fluid epoch exactly ``fluid-step`` groups (several epochs per move); this small state
+    otherwise moves in one."""
     import dask
 
     src, outs, totals = pipeline(zipf_path, rate=250_000)    # about 1.2 s of stream
-    with dask.config.set({"streamlb.migration.lazy-asked-keys": asked}), \
+    with dask.config.set({"streamlb.migration.lazy-asked-keys": asked,
+                          "streamlb.migration.fluid-keys": fluid_keys}), \
             streamlb.run(src, client=two_workers, key_groups=G) as job:
         for delay, op, groups, to in moves:
             time.sleep(delay)
@@ -268,6 +272,24 @@ def test_fluid_epochs_take_moves_in_turn_by_pair():
     assert [g for g, _ in order] == [0, 8, 1, 2, 10, 3, 4, 12, 6, 14]
 
 
+def test_fluid_epochs_take_at_least_a_step_and_more_while_within_the_key_budget():
+    """Small groups move together; large ones fluid-step at a time; nothing dropped or
+    repeated, and the order kept."""
+    from streamlb._coordinator import _fluid_epochs
+
+    moving = [(g, g % 2) for g in range(10)]
+    big = {g: 30_000 for g in range(10)}
+    assert [len(e) for e in _fluid_epochs(moving, 4, big, 65_536)] == [4, 4, 2]
+    small = {g: 100 for g in range(10)}
+    assert _fluid_epochs(moving, 4, small, 65_536) == [moving]
+    mixed = {**small, 4: 60_000, 5: 60_000}
+    parts = _fluid_epochs(moving, 2, mixed, 65_536)
+    assert [m for e in parts for m in e] == moving
+    assert [len(e) for e in parts] == [5, 5]        # 0-4 fit the budget, 5 does not; then 5-9
+    assert [len(e) for e in _fluid_epochs(moving, 4, small, 0)] == [4, 4, 2]
+    assert _fluid_epochs([], 4, {}, 65_536) == []
+
+
 def test_a_flush_sends_the_rows_already_due_and_no_row_before_its_time():
     """A router switched by a merging lazy epoch asks its source to flush: the rows of the
     current batch already due go out at once, the rest at the batch's end; every row goes
@@ -283,7 +305,7 @@ def test_a_flush_sends_the_rows_already_due_and_no_row_before_its_time():
     out = []
 
     async def go():
-        inst = SimpleNamespace(stage=SimpleNamespace(), _gate=asyncio.Event(), _flush=asyncio.Event(),
+        inst = SimpleNamespace(stage=SimpleNamespace(), _gate=asyncio.Event(), _flush_due=asyncio.Event(),
                                _replaying=False)
         inst._gate.set()
 
@@ -297,7 +319,7 @@ def test_a_flush_sends_the_rows_already_due_and_no_row_before_its_time():
 
         async def flush_later():
             await asyncio.sleep(0.15)            # half-way through the second batch
-            inst._flush.set()
+            inst._flush_due.set()
 
         t0 = time.time()
         flusher = asyncio.ensure_future(flush_later())
