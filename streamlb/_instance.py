@@ -373,7 +373,8 @@ class Instance:
                 emitted = time.time()
                 await asyncio.sleep(0)
             sent += len(batch)
-            await self._emit(batch, emitted)
+            if len(batch):          # a flush may have sent every row already
+                await self._emit(batch, emitted)
 
     async def _emit(self, batch, emitted: float) -> None:
         n = len(batch)
