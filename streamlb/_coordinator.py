@@ -141,8 +141,9 @@ async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[i
                     )
             if strategy == "fluid":
                 moving = _interleave(moving, op.table.owners)
-                epochs = _fluid_epochs(moving, fluid_step, await _keys_held(op, call, moving),
-                                       int(config.get("migration.fluid-keys")))
+                budget = int(config.get("migration.fluid-keys"))
+                keys = await _keys_held(op, call, moving) if budget > 0 else {}   # no budget: no count
+                epochs = _fluid_epochs(moving, fluid_step, keys, budget)
             else:
                 epochs = [moving] if moving else []
             for part in epochs:
