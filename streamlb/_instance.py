@@ -253,7 +253,7 @@ class Instance:
 
     # -- wiring -------------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
-                      exchanges: dict[int, tuple], siblings: list[tuple[str, str]],
+                      exchanges: dict, siblings: list[tuple[str, str]],
                       report: bool = False) -> str:
         from distributed import get_worker
 
@@ -264,7 +264,7 @@ class Instance:
         self._report = report and self.store is not None
         self._route_counts: dict[int, np.ndarray] = {
             t: np.zeros(key_groups_, np.int64)
-            for t, x in exchanges.items() if t in outputs and len(x) > 4 and x[4] and x[0] == "keyed"
+            for t, x in exchanges.items() if t in outputs and x.balanced and x.keyed
             for key_groups_ in [self.key_groups]
         }
         self._route_sent: dict[int, np.ndarray] = {}
@@ -272,8 +272,8 @@ class Instance:
         self._prefetch: dict[int, _Prefetch | None] = {}
         self._combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
         # exchange[6]: counters of the heavy-hitter sketch, for balancers that split keys
-        self._hot = {t: SpaceSaving(int(x[6]))
-                     for t, x in exchanges.items() if t in outputs and len(x) > 6 and x[6] and x[0] == "keyed"}
+        self._hot = {t: SpaceSaving(int(x.hot_keys))
+                     for t, x in exchanges.items() if t in outputs and x.hot_keys and x.keyed}
         self._gate = asyncio.Event()
         self._gate.set()
         self.outputs = {
@@ -281,10 +281,10 @@ class Instance:
             for sid, peers in outputs.items()
         }
         self.tables = tables
-        self.exchanges = exchanges     # stage id -> (exchange kind, key, key_name, stage name)
+        self.exchanges = exchanges     # stage id -> ExchangeSpec
         self._shufflers = {
-            t: _shuffle.ShuffleRouter(x[5]["policy"], len(outputs[t]), x[5]["feature"], x[5]["group"])
-            for t, x in exchanges.items() if t in outputs and x[0] == "round_robin"
+            t: _shuffle.ShuffleRouter(x.shuffle["policy"], len(outputs[t]), x.shuffle["feature"], x.shuffle["group"])
+            for t, x in exchanges.items() if t in outputs and x.kind == "round_robin"
         }
         self._wake = asyncio.Event()
         self.status = "ready"
@@ -1094,7 +1094,8 @@ class Instance:
             await self._exchange(step.target, x, emitted)
 
     async def _exchange(self, target: int, x, emitted: float) -> None:
-        kind, key, key_name, name, *_ = self.exchanges[target]
+        x_ = self.exchanges[target]
+        kind, key, key_name, name = x_.kind, x_.key, x_.key_name, x_.name
         if not isinstance(x, pd.DataFrame):
             raise PipelineError(
                 f"operator {name!r} receives {type(x).__name__} from {self.stage.name!r}; "
@@ -1162,7 +1163,7 @@ class Instance:
         pf = self._prefetch.get(target)
         if pf is not None:
             self._prefetch_keys(target, keys, groups, dest)
-        if len(self.exchanges[target]) > 4 and self.exchanges[target][4]:
+        if self.exchanges[target].balanced:
             # the balancer's load per key group is counted here, where groups are known
             counts = self._route_counts.get(target)
             if counts is None:
@@ -1302,7 +1303,7 @@ class Instance:
             nz = np.flatnonzero(counts)
             sent = self._route_sent.get(target)
             self.worker.batched_stream.send({
-                "op": "streamlb-load", "kind": "router", "job": self.job, "operator": self.exchanges[target][3],
+                "op": "streamlb-load", "kind": "router", "job": self.job, "operator": self.exchanges[target].name,
                 "instance": self.index, "window_start": w.start, "window": self.window,
                 "groups": nz.tolist(), "counts": counts[nz].tolist(), "final": final,
                 "routed": sent.tolist() if sent is not None else None,

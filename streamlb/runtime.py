@@ -128,7 +128,7 @@ class Job:
                  window: float, credits: int, owns_client: bool = True, balancer: str | None = None,
                  migration: str | None = None, balancer_options: dict | None = None) -> None:
         from ._coordinator import JobControl
-        from ._instance import Instance
+        from ._worker import ExchangeSpec, Instance
         from .plugin import ensure_plugin
         from .balancer import get_balancer
 
@@ -174,8 +174,8 @@ class Job:
             for st in plan.stages if st.exchange == "keyed"
         }
         exchanges = {
-            st.id: (st.exchange, st.key, st.key_name, st.name, balancer is not None, st.shuffle,
-                    hot_keys if st.kind == "aggregate" else 0)
+            st.id: ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balancer is not None, st.shuffle,
+                                hot_keys if st.kind == "aggregate" else 0)
             for st in plan.stages if not st.is_source
         }
         peers = {
