@@ -6,7 +6,7 @@ private modules hold one responsibility each (see docs/runtime.md).
 from __future__ import annotations
 
 from ._channels import call_actor
-from .._instance import Instance
+from ._instance import Instance
 from ._messages import ExchangeSpec
 
 __all__ = ["Instance", "ExchangeSpec", "call_actor"]

@@ -1,0 +1,251 @@
+"""Routers: how a stage's output reaches the instances of the next stage.
+
+A :class:`KeyedRouter` hashes each record's key once (its key group travels with the batch,
+so nothing downstream hashes it again), routes by the table in force, spreads split keys
+over their helpers, counts what it routed for the balancer, keeps the heavy-hitter sketch,
+and during a lazy epoch asks old owners for moving keys. A :class:`ShuffleExchange` sends
+whole batches round robin, to the shortest queue, or by estimated cost (osg).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from .. import _shuffle
+from .._functions import describe
+from .._migration._prefetch import Prefetch
+from ..exceptions import PipelineError, SchemaError, UserFunctionError
+from ..hotkeys import SpaceSaving
+from ..keygroups import assign_to_key_group
+from ..planner import Step
+from ..routing import RoutingTable
+from ._channels import OutChannel
+from ._messages import Batch, EndOfStream, ExchangeSpec, Marker
+from ._steps import DeadLetters, call_user
+
+
+def _frame_of(x, spec: ExchangeSpec, upstream: str) -> pd.DataFrame:
+    if not isinstance(x, pd.DataFrame):
+        raise PipelineError(
+            f"operator {spec.name!r} receives {type(x).__name__} from {upstream!r}; "
+            "batches crossing an exchange must be pandas DataFrames"
+        )
+    return x
+
+
+class _Exchange:
+    """Channels to the instances of one downstream stage (instance index -> channel);
+    instances may be added and removed while the job runs."""
+
+    def __init__(self, spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel]) -> None:
+        self.spec, self.upstream, self.chans = spec, upstream, chans
+        self.lock = asyncio.Lock()          # a batch, a marker or the end goes out whole
+        self.ended = False
+
+    def add_peer(self, index: int, chan: OutChannel) -> None:
+        self.chans[index] = chan
+
+    def remove_peer(self, index: int) -> OutChannel | None:
+        return self.chans.pop(index, None)
+
+    async def end(self) -> None:
+        """End of stream on every channel."""
+        async with self.lock:
+            for ch in self.chans.values():
+                await ch.send(EndOfStream())
+            self.ended = True
+
+    async def drain(self) -> None:
+        for ch in self.chans.values():
+            await ch.drain()
+
+    def in_flight(self) -> bool:
+        return any(ch.tasks for ch in self.chans.values())
+
+
+class ShuffleExchange(_Exchange):
+    """Round robin, jsq or osg (see :mod:`streamlb._shuffle`)."""
+
+    def __init__(self, spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel]) -> None:
+        super().__init__(spec, upstream, chans)
+        sh = spec.shuffle
+        self.router = _shuffle.ShuffleRouter(sh["policy"], len(chans), sh["feature"], sh["group"])
+
+    async def send(self, x, emitted: float) -> None:
+        x = _frame_of(x, self.spec, self.upstream)
+        if not len(x):
+            return
+        router = self.router
+        for i, piece, cost in router.route(x, self.spec.name):
+            await self.chans[i].send(Batch(piece, emitted), lambda reply, i=i, cost=cost: router.done(i, cost, reply))
+
+
+class KeyedRouter(_Exchange):
+    """The keyed exchange into one stage, as seen by one router instance."""
+
+    def __init__(self, spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel], table: RoutingTable,
+                 *, index: int, dead: DeadLetters, spawn: Callable, lazy_asked: int) -> None:
+        super().__init__(spec, upstream, chans)
+        self.index = index                             # this router's instance number
+        self.table = table
+        self.key_groups = table.key_groups
+        self.dead, self.spawn, self.lazy_asked = dead, spawn, lazy_asked
+        self.prefetch: Prefetch | None = None
+        self.spread_at: dict = {}                      # rows sent per split key and instance
+        self.hot = SpaceSaving(spec.hot_keys) if spec.hot_keys else None
+        self.counts = np.zeros(self.key_groups, np.int64) if spec.balanced else None
+        self.routed: np.ndarray | None = None          # records sent per instance, once any
+
+    # -- the epoch protocol, router side ------------------------------------------------------
+    async def set_table(self, table: RoutingTable, prefetch: dict | None) -> float:
+        """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel;
+        returns when the switch happened. ``prefetch`` (lazy epochs): key group -> old owner."""
+        if prefetch is None and self._only_adds_helpers(table):
+            # nobody waits for this epoch's marker, and a batch routes by the table it read
+            # when it began: switch now, not after a batch stalled on credits
+            self.table = table
+            return time.time()
+        async with self.lock:
+            self.table = table
+            switched = time.time()
+            self.prefetch = Prefetch(
+                table.epoch, {int(g): int(o) for g, o in prefetch.items()}, self.key_groups,
+                table.owners[np.fromiter(prefetch, np.int64, len(prefetch))].tolist(),
+                self.lazy_asked) if prefetch else None
+            if not self.ended:          # after the end of stream no record follows anyway
+                for ch in self.chans.values():
+                    await ch.send(Marker(table.epoch))
+        return switched
+
+    def _only_adds_helpers(self, table: RoutingTable) -> bool:
+        """``table`` differs from the one in force only by new helpers of split keys: no key
+        group moves and no helper stops, so no owner aligns on its marker."""
+        old = self.table
+        if not np.array_equal(old.owners, table.owners):
+            return False
+        now, new = old.split_map(), table.split_map()
+        return all(set(h) <= set(new.get(k, ())) for k, h in now.items())
+
+    def forget(self, epoch: int) -> None:
+        if self.prefetch is not None and self.prefetch.epoch == epoch:
+            self.prefetch = None
+
+    # -- data ---------------------------------------------------------------------------------
+    async def send(self, x, emitted: float) -> None:
+        x = _frame_of(x, self.spec, self.upstream)
+        if not len(x):
+            return
+        async with self.lock:
+            x, keys = self._keys(x)
+            if len(x):
+                await self._route(x, keys, emitted)
+
+    def _keys(self, x: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        """The batch with its key column (bad keys sent to the dead letters) and the keys."""
+        spec = self.spec
+        key, key_name = spec.key, spec.key_name
+        if isinstance(key, str):
+            if key not in x.columns:
+                raise SchemaError(
+                    f"operator {spec.name!r} keys by column {key!r}, which the batch from "
+                    f"{self.upstream!r} lacks; columns: {', '.join(map(str, x.columns))}"
+                )
+            keys = x[key].to_numpy()
+        else:
+            if key_name in x.columns:
+                raise PipelineError(
+                    f"operator {spec.name!r}: key_by({describe(key)}) would overwrite column "
+                    f"{key_name!r}; pass key_by(func, name=...) with a new column name"
+                )
+            keys = np.asarray(call_user(self.upstream, Step("key_by"), key, x))
+            if keys.shape != (len(x),):
+                raise UserFunctionError(
+                    f"operator {spec.name!r}: key function {describe(key)} returned {keys.shape} keys "
+                    f"for a batch of {len(x)} rows; return one key per row",
+                    operator=spec.name, function=describe(key),
+                )
+            x = x.assign(**{key_name: keys})
+        bad, reasons = bad_keys(x[key_name])
+        if bad is not None:
+            self.dead.add(spec.name, x[bad], reasons)
+            x = x[~bad]
+            keys = x[key_name].to_numpy()
+        if keys.dtype.kind == "f" and np.array_equal(keys, np.round(keys)):
+            keys = keys.astype(np.int64)     # an int column that held nulls, now removed
+            x = x.assign(**{key_name: keys})
+        return x, keys
+
+    async def _route(self, x: pd.DataFrame, keys: np.ndarray, emitted: float) -> None:
+        groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name)
+        table = self.table
+        partial = None
+        if table.splits:
+            dest, partial = table.spread(keys, groups, self.spread_at)
+            if not partial.any():
+                partial = None
+        else:
+            dest = table.route(groups)
+        if self.hot is not None:
+            self.hot.add(keys)
+        pf = self.prefetch
+        if pf is not None:
+            for src, to, k, g, request in pf.requests(keys, groups, dest):
+                self.spawn(self.chans[src].peer.call("fetch_keys", pf.epoch, to, k, g, self.index, request))
+        if self.counts is not None:
+            # the balancer's load per key group is counted here, where groups are known, and
+            # the records sent to each instance by the table in force for each batch
+            self.counts += np.bincount(groups, minlength=self.key_groups)
+            sent = np.bincount(dest, minlength=self.table.parallelism)
+            self.routed = sent if self.routed is None else self.routed + sent
+        if len(self.chans) == 1:
+            await self.chans[0].send(Batch(x, emitted, groups))
+            return
+        for i, ch in self.chans.items():
+            need = pf.need(i) if pf is not None else None
+            if partial is not None and (part := np.flatnonzero((dest == i) & partial)).size:
+                # rows of split keys this helper aggregates for their homes
+                homes = table.owners[groups[part]]
+                own = np.flatnonzero((dest == i) & ~partial)
+                partials = tuple((h, x.take(p), groups[p]) for h in np.unique(homes).tolist()
+                                 for p in [part[homes == h]])
+                await ch.send(Batch(x.take(own), emitted, groups[own], need, partials))
+                continue
+            idx = np.flatnonzero(dest == i)   # ascending: keeps the batch's order per key
+            if len(idx):
+                await ch.send(Batch(x.take(idx), emitted, groups[idx], need))
+
+    def take_window(self) -> dict:
+        """What was routed since the last window, for the load report; counting restarts."""
+        nz = np.flatnonzero(self.counts)
+        out = {"groups": nz.tolist(), "counts": self.counts[nz].tolist(),
+               "routed": self.routed.tolist() if self.routed is not None else None,
+               "hot": [[k, c] for k, c, _ in self.hot.top()] if self.hot is not None else None}
+        self.counts[:] = 0
+        if self.routed is not None:
+            self.routed[:] = 0
+        if self.hot is not None:
+            self.hot.clear()
+        return out
+
+
+def bad_keys(keys: pd.Series) -> tuple[np.ndarray | None, list[str]]:
+    """Rows whose key is null, or not a string in a column of strings, with the reason.
+
+    Such records go to the dead-letter output; the rest of the batch goes on.
+    """
+    null = keys.isna().to_numpy()
+    bad = null
+    if keys.dtype == object:
+        bad = null | ~np.fromiter((isinstance(k, str) for k in keys), bool, len(keys))
+    if not bad.any():
+        return None, []
+    reasons = [
+        f"key {keys.name!r} is null" if n else
+        f"key {keys.name!r} is {type(k).__name__} {k!r}; this column's keys are strings"
+        for k, n in zip(keys[bad], null[bad])
+    ]
+    return bad, reasons

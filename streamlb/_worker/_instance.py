@@ -1,0 +1,381 @@
+"""The operator instance: a Dask actor that runs one stage.
+
+The actor is its RPC surface and a dispatch over typed messages; the work is done by its
+parts (``_channels``, ``_align``, ``_sources``, ``_steps``, ``_sinks``, ``_exchange``,
+``_operators``, ``_metrics`` and the owner side of migrations). All data-path methods are
+``async`` so they run on the worker's event loop: an instance can call another one on the
+same worker without the deadlock that synchronous actor methods (one shared thread) give.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+
+import pandas as pd
+
+from .. import config
+from .._migration._owner import OwnerSide
+from .._state import make_store
+from ..exceptions import PipelineError, StreamlbError
+from ..planner import Stage
+from ..routing import RoutingTable
+from ._align import Aligner
+from ._channels import Inbox, Numbered, OutChannel, Peer
+from ._exchange import KeyedRouter, ShuffleExchange
+from ._messages import (Barrier, Batch, EndOfStream, Envelope, Install, InstallKeys, Marker, Partial,
+                        PeerEnd)
+from ._metrics import CostServer, Metrics
+from ._operators import ByFeature, make_operator
+from ._sinks import Sinks
+from ._sources import Source
+from ._steps import DeadLetters, StepRunner
+
+_ENDED = ("done", "failed", "stopped")
+
+
+class Instance:
+    """One parallel instance of a stage."""
+
+    def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
+                 key_groups: int, window: float, credits: int, lazy_step: int = 1,
+                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0) -> None:
+        self.stage, self.index, self.job, self.key_groups = stage, index, job, key_groups
+        self.credits = credits
+        self.label = f"{stage.name}[{index}]"
+        self.status = "created"
+        self.error: BaseException | None = None
+        self.started_at = self.finished_at = None
+        self.records_in = self.records_out = 0
+        self.finishing = self.eos_sent = False
+        self.peer_ends: set[int] = set()
+        self._tasks: list = []
+        self._spawned: set = set()
+        self._wake = asyncio.Event()
+        self.inbox = Inbox(range(upstream_instances), strict=True)     # data lane
+        self.ctl = Inbox(strict=True)        # control lane from siblings: applied ahead of the data
+        self.numbered = Numbered(index)
+        self.aligner = Aligner(range(upstream_instances))
+        self.store = make_store(stage, key_groups)
+        self.dead = DeadLetters(index)
+        self.sinks = Sinks(stage.name, stage.id, index)
+        self.steps = StepRunner(stage.name, self.sinks, self._exchange)
+        self.cost = CostServer()
+        self.meter = Metrics(job=job, operator=stage.name, index=index, window=window, report=False,
+                             queued=lambda: len(self.inbox),
+                             final=lambda: self.finishing or self.eos_sent or self.finished_at is not None)
+        self.op = make_operator(self)
+        self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
+                               send=self.send_control, apply=self._apply_released, spawn=self.spawn,
+                               lazy_step=lazy_step, lazy_delay=lazy_delay, lazy_pace=lazy_pace)
+        self._lazy_asked = lazy_asked
+        self.source = Source(stage, index, self._emit) if stage.is_source else None
+        self.exchanges: dict = {}
+        self._sketch_sent: dict[int, float] = {}
+
+    # -- wiring and lifecycle -------------------------------------------------------------------
+    async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
+                      exchanges: dict, siblings: list[tuple[str, str]], report: bool = False) -> str:
+        """Wire the channels to every downstream instance (``outputs``: stage id -> (address,
+        actor key) per instance) and to the siblings; ``report``: send load reports."""
+        from distributed import get_worker
+
+        self.worker = get_worker()
+        self.siblings = [Peer(self.worker, a, k) for a, k in siblings]
+        for j in range(len(siblings)):
+            self.ctl.add_sender(j)
+        self.combines = self.stage.kind == "aggregate" and len(siblings) > 1
+        self.meter.report = report and self.store is not None
+        for target, peers in outputs.items():
+            spec = exchanges[target]
+            chans = {i: self._channel(a, k) for i, (a, k) in enumerate(peers)}
+            self.exchanges[target] = (
+                KeyedRouter(spec, self.stage.name, chans, tables[target], index=self.index, dead=self.dead,
+                            spawn=self.spawn, lazy_asked=self._lazy_asked)
+                if spec.keyed else ShuffleExchange(spec, self.stage.name, chans))
+        self.meter.routers = {t: x for t, x in self.exchanges.items() if isinstance(x, KeyedRouter)}
+        self.status = "ready"
+        return self.worker.address
+
+    def _channel(self, address: str, key: str) -> OutChannel:
+        peer = Peer(self.worker, address, key)
+        return OutChannel(peer, self.index, self.credits, on_blocked=self.meter.add_blocked,
+                          on_error=lambda exc: self._fail(StreamlbError(
+                              f"instance {self.label} could not send to {peer.key} on {peer.address}: "
+                              f"{type(exc).__name__}: {exc}")))
+
+    async def add_peer(self, target: int, index: int, address: str, key: str) -> None:
+        """A new instance ``index`` of downstream stage ``target`` (a table routes to it later)."""
+        self.exchanges[target].add_peer(index, self._channel(address, key))
+
+    async def remove_peer(self, target: int, index: int) -> None:
+        """Instance ``index`` of stage ``target`` retired: wait for what is in flight to it."""
+        ch = self.exchanges[target].remove_peer(index)
+        if ch is not None:
+            await ch.drain()
+
+    async def start(self, epoch0: float | None = None) -> None:
+        self.started_at = time.time()
+        self.status = "running"
+        self.meter.start(self.worker, self.started_at)
+        self._tasks.append(asyncio.ensure_future(self.meter.ticker()))
+        body = self._run_source(epoch0 or self.started_at) if self.source else self._process_loop()
+        self._tasks.append(asyncio.ensure_future(self._guard(body)))
+
+    async def _guard(self, coro) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+
+    def spawn(self, coro) -> None:
+        """Run ``coro`` as a task this instance waits for before it finishes."""
+        task = asyncio.ensure_future(self._guard(coro))
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.status == "failed":
+            return
+        self.status = "failed"
+        if not isinstance(exc, StreamlbError):
+            exc = StreamlbError(f"instance {self.label} failed: {type(exc).__name__}: {exc}\n"
+                                + "".join(traceback.format_exception(exc)))
+        self.error = exc
+        self._cancel()
+        self.sinks.abort()
+
+    def _cancel(self) -> None:
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+
+    async def _run_source(self, epoch0: float) -> None:
+        await self.source.run(epoch0)
+        await self._finish()
+
+    async def _emit(self, batch: pd.DataFrame, emitted: float) -> None:
+        n = len(batch)
+        self.records_out += n
+        t1 = time.perf_counter()
+        self.meter.blocked = 0.0
+        await self.steps.run(self.stage.children, batch, emitted)
+        self.meter.account(n, time.perf_counter() - t1 - self.meter.blocked, None)
+
+    async def _exchange(self, target: int, x, emitted: float) -> None:
+        await self.exchanges[target].send(x, emitted)
+
+    def send_control(self, dest: int, msg):
+        """Number ``msg`` for sibling ``dest`` now; the awaitable completes once applied there."""
+        return self.siblings[dest].call("control", self.numbered.envelope(dest, msg))
+
+    # -- receiving ----------------------------------------------------------------------------
+    async def push(self, env: Envelope):
+        """A message on the data lane; returns once processed, with this instance's cost
+        sketches now and then (osg), else None."""
+        fut = asyncio.get_running_loop().create_future()
+        if not self.inbox.put(env, (env.sender, env.msg, fut)):
+            raise StreamlbError(f"instance {self.label} has no upstream sender {env.sender} (run {env.run})")
+        self._wake.set()
+        await fut
+        if isinstance(self.op, ByFeature) and time.time() - self._sketch_sent.get(env.sender, 0.0) > 0.05:
+            self._sketch_sent[env.sender] = time.time()
+            return self.op.sketch.snapshot()       # osg: what records cost here, for the router
+        return None
+
+    async def control(self, env: Envelope) -> None:
+        """A message from a sibling (state, partial aggregates, ends, barriers): applied
+        ahead of the data, in the order the sibling numbered them; returns once applied."""
+        if self.status in _ENDED:
+            # nothing reads the queue any more: say so rather than leave the sender waiting
+            raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
+                                f"{type(env.msg).__name__} from instance {env.sender} (message {env.seq})")
+        fut = asyncio.get_running_loop().create_future()
+        if not self.ctl.put(env, (env.sender, env.msg, fut)):
+            raise StreamlbError(f"instance {self.label} has no sibling {env.sender} (run {env.run})")
+        self._wake.set()
+        await fut
+
+    async def _process_loop(self) -> None:
+        while True:
+            while not self.ctl and not self.inbox:
+                if self._can_finish():      # woken by an abort that took the last epoch waited for
+                    return await self._finish()
+                self._wake.clear()
+                await self._wake.wait()
+            # applying a batch rarely suspends: yield between batches, or RPC handlers (state
+            # installs, key requests) and migration tasks wait until the queue runs dry
+            await asyncio.sleep(0)
+            sender, msg, fut = (self.ctl or self.inbox).popleft()
+            held = False
+            try:
+                held = await self._dispatch(sender, msg, fut)
+            finally:
+                if not held and fut is not None and not fut.done():
+                    fut.set_result(None)
+            # the sender is released first: two owners finishing at once each wait for the
+            # other to take their last message
+            if self._can_finish():
+                return await self._finish()
+
+    async def _dispatch(self, sender: int, msg, fut) -> bool:
+        """Apply one message; True when rows were held (the credit returns on release)."""
+        if not isinstance(msg, Batch):
+            self.cost.idle()
+        match msg:
+            case Batch():
+                return await self._on_batch(sender, msg, fut)
+            case Marker(epoch=epoch):
+                self.aligner.marker(sender, epoch)
+            case EndOfStream():
+                self.aligner.end(sender)
+                if self.aligner.ended_all and not self.finishing:
+                    self.finishing = True
+                    if self.combines:      # numbered after every partial sent to each sibling
+                        for j in range(len(self.siblings)):
+                            if j != self.index:
+                                self.spawn(self.send_control(j, PeerEnd(self.index)))
+            case Install():
+                await self.owner.install(msg)
+            case InstallKeys():
+                await self.owner.install_keys(msg)
+            case Partial():
+                await self.op.on_combine(msg)
+            case PeerEnd(sender=sibling):
+                self.peer_ends.add(sibling)
+            case Barrier():
+                pass                        # its sender waited until every earlier message was applied
+            case _:
+                raise StreamlbError(f"instance {self.label} got an unknown message {type(msg).__name__}")
+        return False
+
+    async def _on_batch(self, sender: int, msg: Batch, fut) -> bool:
+        frame, groups = msg.frame, msg.groups
+        if msg.partials:
+            self.records_in += await self.op.on_partials(msg.partials, msg.emitted)
+            if not len(frame):
+                return False
+        frame, groups, held, firsts = self.owner.admit(frame, groups, msg.emitted, fut, sender, msg.need)
+        if held and not len(frame):
+            return True
+        await self.op.on_batch(frame, groups, msg.emitted)
+        self.records_in += len(frame)
+        self.owner.applied(len(frame), firsts)
+        return held
+
+    async def _apply_released(self, frame, groups, emitted: float) -> None:
+        await self.op.on_batch(frame, groups, emitted)
+        self.records_in += len(frame)
+        self.owner.applied(len(frame), None)
+
+    def _can_finish(self) -> bool:
+        """End of stream from every router, no state on its way, and (split keys) no
+        partial aggregate still to come from a sibling."""
+        return (self.finishing and not self.owner.waiting
+                and (not self.combines or len(self.peer_ends) == len(self.siblings) - 1))
+
+    async def _finish(self) -> None:
+        while self._spawned:
+            await asyncio.gather(*list(self._spawned))
+        await self.op.on_end()
+        self.sinks.close()
+        for ex in self.exchanges.values():
+            await ex.end()
+        self.eos_sent = True
+        for ex in self.exchanges.values():
+            await ex.drain()
+        self.finished_at = time.time()
+        self.meter.close_window(self.finished_at, last=True)
+        self.status = "done"
+        self._cancel()
+
+    # -- the epoch protocol (see streamlb._migration) -------------------------------------------
+    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
+                        flush: bool = False) -> float:
+        """Router: switch to ``table`` at a batch boundary, marker on every channel; ``flush``
+        (lazy by merging): a source sends the rows already due now. Returns when it switched."""
+        switched = await self.exchanges[target].set_table(table, prefetch)
+        if flush and self.source is not None:
+            self.source.flush_due.set()
+        return switched
+
+    async def fetch_keys(self, epoch: int, dest: int, keys, groups, router: int, request: int) -> None:
+        await self.owner.fetch_keys(epoch, dest, keys, groups, router, request)
+
+    async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
+                      incoming: dict[int, int], flush: list[int] = ()) -> None:
+        """Be told ahead what epoch ``epoch`` moves: ``outgoing`` new owner -> key groups,
+        ``incoming`` key group -> old owner; ``flush``: homes of split keys this instance
+        stops helping with."""
+        if self.finishing or self.status in _ENDED:
+            state = self.status if self.status != "running" else "finishing"
+            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
+        self.owner.prepare(epoch, strategy, outgoing, incoming, flush)
+
+    async def abort(self, epoch: int) -> None:
+        """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
+        self.owner.abort(epoch)
+        self._wake.set()        # a finishing owner may have been waiting only for this epoch
+
+    def forget(self, epoch: int, target: int | None = None) -> None:
+        self.owner.forget(epoch)
+        if target is not None:
+            self.exchanges[target].forget(epoch)
+
+    async def wait_epoch(self, epoch: int, wait: float) -> dict:
+        """:meth:`epochs`, once ``epoch`` is done here or after ``wait`` seconds."""
+        await self.owner.wait_done(epoch, wait)
+        return self.epochs()
+
+    def epochs(self) -> dict:
+        return {**self.owner.status(), "status": self.status}
+
+    async def pause(self) -> None:
+        self.source.gate.clear()
+
+    async def resume(self) -> None:
+        self.source.gate.set()
+
+    def idle(self) -> bool:
+        """Nothing queued, held or in flight from this instance."""
+        return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
+
+    # -- driver-facing ----------------------------------------------------------------------------
+    def poll(self) -> dict:
+        return {"status": self.status, "error": self.error, "lists": self.sinks.take_lists(),
+                "records_in": self.records_in, "records_out": self.records_out,
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "offsets": dict(self.source.offsets) if self.source else {}, "dead_letters": self.dead.take()}
+
+    def metrics(self) -> list[dict]:
+        return list(self.meter.rows)
+
+    def key_kind(self) -> str | None:
+        return self.store.key_kind() if self.store is not None else None
+
+    def state_size(self) -> int:
+        return len(self.store) if self.store is not None else 0
+
+    async def group_keys(self, groups: list[int]) -> list[int]:
+        """Keys held here of each of ``groups`` (on the loop, where the store changes)."""
+        return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
+
+    async def state(self) -> pd.DataFrame:
+        """The keyed state held here. While a merging lazy epoch moves state to or from this
+        instance, wait until its part is through, so the instances' frames together count
+        every record once."""
+        if self.store is None:
+            raise PipelineError(f"{self.stage.name!r} holds no keyed state")
+        deadline = time.time() + config.seconds("migration.timeout")
+        while self.owner.merge_in_flight() and self.status == "running" and time.time() < deadline:
+            await asyncio.sleep(0.01)
+        return self.store.frame()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.status not in ("done", "failed"):
+            self.status = "stopped"
+            self.sinks.abort()

@@ -1,0 +1,70 @@
+"""Sinks an instance writes to: lists collected by the driver, and Parquet datasets."""
+from __future__ import annotations
+
+import collections
+import os
+
+import pandas as pd
+
+from ..exceptions import PipelineError
+
+
+class Sinks:
+    """The ``sink_to_list`` outputs waiting for the driver's poll and the open Parquet
+    writers of one instance (files staged under ``<path>/_temporary`` until the job
+    commits them)."""
+
+    def __init__(self, operator: str, stage_id: int, index: int) -> None:
+        self.operator, self.stage_id, self.index = operator, stage_id, index
+        self.lists: dict[int, list] = collections.defaultdict(list)
+        self._writers: dict[str, object] = {}
+        self._files: dict[str, str] = {}
+
+    def append(self, target: int, x) -> None:
+        self.lists[target].append(x)
+
+    def take_lists(self) -> dict[int, list]:
+        out = {k: v for k, v in self.lists.items() if v}
+        self.lists = collections.defaultdict(list)
+        return out
+
+    def write_parquet(self, path: str, x) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not isinstance(x, pd.DataFrame):
+            raise PipelineError(
+                f"to_parquet({path!r}) in {self.operator!r} got {type(x).__name__}; it writes DataFrames"
+            )
+        table = pa.Table.from_pandas(x)
+        w = self._writers.get(path)
+        if w is None:
+            tmp = os.path.join(path, "_temporary")
+            os.makedirs(tmp, exist_ok=True)
+            fn = os.path.join(tmp, f"part-{self.stage_id:03d}-{self.index:04d}.parquet")
+            w = self._writers[path] = pq.ParquetWriter(fn, table.schema)
+            self._files[path] = fn
+        try:
+            table = table.cast(w.schema)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise PipelineError(
+                f"to_parquet({path!r}): a batch's schema {table.schema} does not match the "
+                f"first batch's {w.schema}: {exc}"
+            ) from exc
+        w.write_table(table)
+
+    def close(self) -> None:
+        """End of stream: close the files (the driver commits them)."""
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+    def abort(self) -> None:
+        """A failed or stopped instance removes what it wrote."""
+        for path, w in self._writers.items():
+            try:
+                w.close()
+                os.remove(self._files[path])
+            except OSError:
+                pass
+        self._writers.clear()

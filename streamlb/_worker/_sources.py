@@ -1,0 +1,222 @@
+"""Sources: read a stage's Parquet files (or items), pace them at ``rate``, replay event time.
+
+Reading and slicing run in a thread one batch ahead, so Parquet decoding (which releases
+the GIL) never stalls the worker's event loop, where every instance runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import pandas as pd
+
+from ..exceptions import PipelineError
+
+
+class Source:
+    """The source side of one instance. ``emit(batch, emitted)`` runs the stage's steps on a
+    batch; ``offsets`` (file -> rows read) is shared with the instance's poll."""
+
+    def __init__(self, stage, index: int, emit: Callable[[pd.DataFrame, float], Awaitable[None]]) -> None:
+        self.stage, self.index, self.emit = stage, index, emit
+        self.offsets: dict[str, int] = {}
+        self.gate = asyncio.Event()             # cleared: paused (the pause-and-resume baseline)
+        self.gate.set()
+        self.flush_due = asyncio.Event()        # send the rows already due now
+        self.replaying = False
+        self.epoch0 = 0.0
+
+    async def run(self, epoch0: float) -> None:
+        st = self.stage
+        self.epoch0 = epoch0
+        per_instance = st.rate / st.parallelism if st.rate else None
+        self.replaying = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
+        batches = self._replay_batches() if self.replaying else ((b, None) for b in self._source_batches())
+        loop = asyncio.get_running_loop()
+        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
+        try:
+            await self.emit_all(loop, reader, iter(batches), per_instance)
+        finally:
+            reader.shutdown(wait=False, cancel_futures=True)
+
+    async def emit_all(self, loop, reader, batches, per_instance) -> None:
+        t0 = time.time()
+        sent = 0
+        ahead = loop.run_in_executor(reader, next, batches, None)
+        while (item := await ahead) is not None:
+            ahead = loop.run_in_executor(reader, next, batches, None)
+            batch, due = item
+            n = len(batch)
+            if not self.gate.is_set():
+                await self.gate.wait()
+            if due is None and per_instance:
+                due = t0 + (sent + n) / per_instance
+            if due is not None:
+                while (delay := due - time.time()) > 0:
+                    try:
+                        await asyncio.wait_for(self.flush_due.wait(), delay)
+                    except asyncio.TimeoutError:
+                        break
+                    # an epoch switched this router, asking for a flush: the rows already
+                    # due go out now, so its new routing takes effect without waiting
+                    # for the batch's end (no row leaves before its time)
+                    self.flush_due.clear()
+                    cut = self.rows_due(batch, t0, sent, per_instance)
+                    if cut:
+                        await self.emit(batch.iloc[:cut], time.time())
+                        batch, sent = batch.iloc[cut:].reset_index(drop=True), sent + cut
+                emitted = due
+            else:
+                emitted = time.time()
+                await asyncio.sleep(0)
+            sent += len(batch)
+            if len(batch):          # a flush may have sent every row already
+                await self.emit(batch, emitted)
+
+    def rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
+        """How many of ``batch``'s first rows are due by now: by their event time mapped to
+        wall time when replaying, else at ``per_instance`` records/s from ``t0``."""
+        now = time.time()
+        if self.replaying:
+            walls = self._replay_wall(_times(batch[self.stage.event_time]))
+            return int(np.searchsorted(walls, now, side="right"))
+        return int(min(max(np.floor((now - t0) * per_instance) - sent, 0), len(batch)))
+
+    def _replay_wall(self, t):
+        """Wall time at which event time ``t`` is replayed (``rate`` with ``event_time``)."""
+        st = self.stage
+        lo, hi = st.time_range
+        return self.epoch0 + (t - lo) / (hi - lo) * (st.total_rows / st.rate)
+
+    def _replay_batches(self):
+        """Replay on one clock shared by every instance: the event-time span of the whole log
+        maps onto the wall time it takes at ``rate``. Each step takes, from every owned file,
+        the rows of the next slice of event time (about ``batch_size`` rows for this
+        instance) and emits them, ordered by event time, when the slice ends. Instances
+        offset their slice boundaries by ``index / parallelism`` of a slice, so batches from
+        different sources reach an operator spread out, not all at once."""
+        st = self.stage
+        col = st.event_time
+        lo, hi = st.time_range
+        wall = st.total_rows / st.rate                      # seconds the whole log takes
+        per_slice = st.batch_size / (st.rate / st.parallelism)
+        step = (hi - lo) * per_slice / wall                 # event time per slice
+        heads = {f: iter(self._file_batches(f)) for f in st.assignment[self.index]}
+        bufs: dict[str, pd.DataFrame] = {}
+        t = lo
+        first = step * (1 + self.index) / st.parallelism     # the first slice is shorter
+        while heads or bufs:
+            t_end = t + (first if t == lo else step)
+            parts = _slice_until(heads, bufs, col, t_end)
+            if parts:
+                chunk = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+                if len(parts) > 1:
+                    chunk = chunk.iloc[np.argsort(_times(chunk[col]), kind="stable")].reset_index(drop=True)
+                yield chunk, self._replay_wall(t_end)
+            t = t_end
+
+    def _file_batches(self, f: str):
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(f)
+        for rb in pf.iter_batches(batch_size=self.stage.batch_size, columns=self.stage.columns, use_threads=False):
+            df = rb.to_pandas(use_threads=False)
+            self.offsets[f] = self.offsets.get(f, 0) + len(df)
+            yield df
+
+    def _source_batches(self):
+        st = self.stage
+        if st.kind == "iterable_source":
+            yield from iterable_batches(st.items, st.batch_size, st.name)
+            return
+        import pyarrow.parquet as pq
+
+        # Like a consumer of several log partitions, read all owned files at once: next from
+        # the file furthest behind in proportion, so files that cover the same time span
+        # advance through it together (each file is still read in order).
+        # With an event-time column, the file whose next batch starts earliest goes first.
+        readers, total, ahead = {}, {}, {}
+        for f in st.assignment[self.index]:
+            pf = pq.ParquetFile(f)
+            total[f] = max(pf.metadata.num_rows, 1)
+            readers[f] = pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False)
+            self.offsets[f] = 0
+        while readers or ahead:
+            for f in [f for f in readers if f not in ahead]:
+                rb = next(readers[f], None)
+                if rb is None:
+                    del readers[f]
+                else:
+                    ahead[f] = rb.to_pandas(use_threads=False)
+            if not ahead:
+                break
+            if st.event_time:
+                f = min(ahead, key=lambda name: (_as_seconds(ahead[name][st.event_time].iloc[0]), name))
+            else:
+                f = min(ahead, key=lambda name: (self.offsets[name] / total[name], name))
+            df = ahead.pop(f)
+            self.offsets[f] += len(df)
+            yield df
+
+
+def _slice_until(heads: dict, bufs: dict, col: str, t_end: float) -> list[pd.DataFrame]:
+    """From every file (its batch iterator in ``heads``, what is left of its current batch
+    in ``bufs``), the rows before event time ``t_end``; exhausted files are dropped."""
+    parts = []
+    for f in list(heads) + [f for f in bufs if f not in heads]:
+        while True:
+            buf = bufs.get(f)
+            if buf is None or not len(buf):
+                nxt = next(heads[f], None) if f in heads else None
+                if nxt is None:
+                    heads.pop(f, None)
+                    bufs.pop(f, None)
+                    break
+                buf = bufs[f] = nxt
+            times = _times(buf[col])
+            cut = int(np.searchsorted(times, t_end, side="left"))
+            if cut:
+                parts.append(buf.iloc[:cut])
+            if cut < len(buf):
+                bufs[f] = buf.iloc[cut:]
+                break
+            bufs[f] = buf.iloc[:0]
+    return parts
+
+
+def _times(col: pd.Series) -> np.ndarray:
+    """An event-time column as float seconds."""
+    arr = col.to_numpy()
+    if arr.dtype.kind == "M":
+        return arr.astype("datetime64[ns]").astype(np.int64) / 1e9
+    return arr.astype(np.float64)
+
+
+def _as_seconds(v) -> float:
+    return pd.Timestamp(v).value / 1e9 if not isinstance(v, (int, float, np.number)) else float(v)
+
+
+def iterable_batches(items, batch_size: int, name: str):
+    """Turn the items of ``Stream.from_iterable`` into DataFrame batches."""
+    pending: list = []
+    for i, item in enumerate(items):
+        if isinstance(item, pd.DataFrame):
+            if pending:
+                yield pd.DataFrame.from_records(pending)
+                pending = []
+            yield item
+        elif isinstance(item, dict):
+            pending.append(item)
+            if len(pending) >= batch_size:
+                yield pd.DataFrame.from_records(pending)
+                pending = []
+        else:
+            raise PipelineError(
+                f"{name}: item {i} is a {type(item).__name__} ({item!r:.80}); items must be "
+                "dicts (one record each) or pandas DataFrames (one batch each)"
+            )
+    if pending:
+        yield pd.DataFrame.from_records(pending)

@@ -1,0 +1,97 @@
+"""Fused steps: the plain streamz nodes (map, filter, flatten, sinks...) run inside a stage,
+user-function errors, and the dead-letter output."""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import pandas as pd
+
+from .._functions import describe
+from ..exceptions import UserFunctionError
+from ..planner import Step
+from ._sinks import Sinks
+
+
+class DeadLetters:
+    """Records set aside instead of failing the job, with the reason, until the driver
+    polls them."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._rows: list[dict] = []
+
+    def add(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
+        for rec, why in zip(rows.to_dict("records"), reasons):
+            self._rows.append({"operator": operator, "instance": self.index, "reason": why, "record": rec})
+
+    def take(self) -> list[dict]:
+        out, self._rows = self._rows, []
+        return out
+
+
+def call_user(operator: str, step: Step, func, *args):
+    """Call a user function; an exception it raises names the operator, the function and
+    the record (or batch) it failed on."""
+    try:
+        return func(*args, *step.args, **step.kwargs)
+    except Exception as exc:
+        first = args[0]
+        if isinstance(first, pd.DataFrame):
+            rec = f"batch of {len(first)} rows starting {first.head(1).to_dict('records')}"
+        else:
+            rec = repr(first)[:200]
+        raise UserFunctionError(
+            f"operator {operator!r}: {step.kind} function {describe(func)} raised "
+            f"{type(exc).__name__}: {exc} on {rec}",
+            operator=operator, function=describe(func), record=rec,
+        ) from exc
+
+
+class StepRunner:
+    """Runs a stage's fused steps on what its operator emits; ``exchange(target, x,
+    emitted)`` sends a batch on to the next stage."""
+
+    def __init__(self, operator: str, sinks: Sinks,
+                 exchange: Callable[[int, object, float], Awaitable[None]]) -> None:
+        self.operator, self.sinks, self.exchange = operator, sinks, exchange
+
+    async def run(self, steps: list[Step], x, emitted: float) -> None:
+        for step in steps:
+            await self._run(step, x, emitted)
+
+    async def _run(self, step: Step, x, emitted: float) -> None:
+        match step.kind:
+            case "map":
+                await self.run(step.children, call_user(self.operator, step, step.func, x), emitted)
+            case "starmap":
+                await self.run(step.children, call_user(self.operator, step, step.func, *x), emitted)
+            case "filter":
+                await self._filter(step, x, emitted)
+            case "flatten":
+                for item in x:
+                    await self.run(step.children, item, emitted)
+            case "sink":
+                call_user(self.operator, step, step.func, x)
+            case "list_sink":
+                self.sinks.append(step.target, x)
+            case "parquet_sink":
+                self.sinks.write_parquet(step.path, x)
+            case "exchange":
+                await self.exchange(step.target, x, emitted)
+
+    async def _filter(self, step: Step, x, emitted: float) -> None:
+        keep = call_user(self.operator, step, step.func, x)
+        if isinstance(keep, (bool, np.bool_)):
+            if keep:
+                await self.run(step.children, x, emitted)
+            return
+        mask = np.asarray(keep, dtype=bool)
+        if mask.shape != (len(x),):
+            raise UserFunctionError(
+                f"operator {self.operator!r}: filter predicate {describe(step.func)} returned "
+                f"{mask.shape[0] if mask.ndim else 'a scalar'} values for a batch of {len(x)} rows; "
+                "return one bool per row or one bool for the batch",
+                operator=self.operator, function=describe(step.func),
+            )
+        await self.run(step.children, x[mask], emitted)
