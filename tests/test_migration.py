@@ -290,3 +290,41 @@ def test_fluid_epochs_take_at_least_a_step_and_more_while_within_the_key_budget(
     assert [len(e) for e in parts] == [5, 5]        # 0-4 fit the budget, 5 does not; then 5-9
     assert [len(e) for e in _fluid_epochs(moving, 4, small, 0)] == [4, 4, 2]
     assert _fluid_epochs([], 4, {}, 65_536) == []
+
+
+def _count_hashed_rows(reset: bool):
+    """On a worker: count the keys ``stable_hash`` sees (installed once per process)."""
+    from streamlb import keygroups
+
+    if not hasattr(keygroups, "_rows_hashed"):
+        plain = keygroups.stable_hash
+        keygroups._rows_hashed = [0]
+
+        def counting(keys, *, name="key"):
+            keygroups._rows_hashed[0] += len(keys)
+            return plain(keys, name=name)
+
+        keygroups.stable_hash = counting
+    if reset:
+        keygroups._rows_hashed[0] = 0
+    return keygroups._rows_hashed[0]
+
+
+def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_path, zipf_frame):
+    """Routers hash each record's key once; the key group travels with the batch, so the
+    owners (holding rows back, installing, pulling keys lazily, merging) never hash it
+    again, however many epochs move state meanwhile."""
+    two_workers.run(_count_hashed_rows, True)
+    src, outs, totals = pipeline(zipf_path, rate=100_000)         # two keyed exchanges; 3 s
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        for strategy, op, groups, to in [("all-at-once", "totals", range(0, 12), 1), ("lazy", "running", range(4, 30), 2),
+                                         ("fluid", "totals", range(20, 40), 0), ("lazy", "totals", range(40, 60), 2),
+                                         ("all-at-once", "running", range(30, 50), 0)]:
+            time.sleep(0.1)
+            job.migrate(op, list(groups), to, strategy=strategy)
+        job.wait(timeout=120)
+        truth = zipf_frame.groupby("key").agg(**AGG)
+        pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
+    assert len(job.history) >= 5
+    hashed = sum(two_workers.run(_count_hashed_rows, False).values())
+    assert hashed == 2 * len(zipf_frame)

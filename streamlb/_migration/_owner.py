@@ -59,6 +59,13 @@ class OwnerSide:
         return bool(self.merging) or any(
             self.merges(m.strategy) and len(m.sent) < len(m.outgoing) for m in self.moves.values())
 
+    async def merged(self, timeout: float, running) -> None:
+        """Return once no merging lazy move is half done here (or after ``timeout``, or once
+        ``running()`` is False): until then a key's value is split over two owners."""
+        deadline = time.time() + timeout
+        while self.merge_in_flight() and running() and time.time() < deadline:
+            await asyncio.sleep(0.01)
+
     # -- prepare ------------------------------------------------------------------------------
     def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]], incoming: dict[int, int],
                 flush=()) -> None:

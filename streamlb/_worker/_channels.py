@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..exceptions import StreamlbError
 from ._messages import Envelope
 
 
@@ -54,13 +55,14 @@ class OutChannel:
     """Sender side of one channel: sequence numbers and a credit window.
 
     ``on_blocked(seconds)`` is told how long a send waited for a credit (not busy time);
-    ``on_error(exc)`` how a send failed (the receiver or its worker is gone).
+    ``on_error(exc)`` that a send failed (the receiver or its worker is gone), naming the
+    sending instance ``label`` and the receiver.
     """
 
-    def __init__(self, peer: Peer, sender: int, credits: int, *, run: int = 0,
+    def __init__(self, peer: Peer, sender: int, credits: int, *, run: int = 0, label: str = "",
                  on_blocked: Callable[[float], None] = lambda s: None,
                  on_error: Callable[[BaseException], None] = lambda e: None) -> None:
-        self.peer, self.sender, self.credits, self.run = peer, sender, credits, run
+        self.peer, self.sender, self.credits, self.run, self.label = peer, sender, credits, run, label
         self.on_blocked, self.on_error = on_blocked, on_error
         self.sem = asyncio.Semaphore(credits)
         self.seq = 0
@@ -82,7 +84,8 @@ class OutChannel:
             if done is not None:
                 done(reply)
         except Exception as exc:
-            self.on_error(exc)
+            self.on_error(StreamlbError(f"instance {self.label} could not send to {self.peer.key} on "
+                                        f"{self.peer.address}: {type(exc).__name__}: {exc}"))
         finally:
             self.sem.release()
 

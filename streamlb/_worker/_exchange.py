@@ -232,6 +232,15 @@ class KeyedRouter(_Exchange):
         return out
 
 
+def make_exchange(spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel], table: RoutingTable | None,
+                  **router) -> _Exchange:
+    """The exchange ``spec`` describes, from stage ``upstream`` over ``chans``; a keyed one
+    routes by ``table`` and takes the keyword arguments of :class:`KeyedRouter`."""
+    if spec.keyed:
+        return KeyedRouter(spec, upstream, chans, table, **router)
+    return ShuffleExchange(spec, upstream, chans)
+
+
 def bad_keys(keys: pd.Series) -> tuple[np.ndarray | None, list[str]]:
     """Rows whose key is null, or not a string in a column of strings, with the reason.
 

@@ -22,14 +22,15 @@ from ..planner import Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._channels import Inbox, Numbered, OutChannel, Peer
-from ._exchange import KeyedRouter, ShuffleExchange
+from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, EndOfStream, Envelope, Install, InstallKeys, Marker, Partial,
                         PeerEnd)
 from ._metrics import CostServer, Metrics
-from ._operators import ByFeature, make_operator
+from ._operators import make_operator
 from ._sinks import Sinks
 from ._sources import Source
 from ._steps import DeadLetters, StepRunner
+from ._tasks import Tasks
 
 _ENDED = ("done", "failed", "stopped")
 
@@ -40,8 +41,7 @@ class Instance:
     def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
                  key_groups: int, window: float, credits: int, lazy_step: int = 1,
                  lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0) -> None:
-        self.stage, self.index, self.job, self.key_groups = stage, index, job, key_groups
-        self.credits = credits
+        self.stage, self.index, self.job, self.key_groups, self.credits = stage, index, job, key_groups, credits
         self.label = f"{stage.name}[{index}]"
         self.status = "created"
         self.error: BaseException | None = None
@@ -49,11 +49,10 @@ class Instance:
         self.records_in = self.records_out = 0
         self.finishing = self.eos_sent = False
         self.peer_ends: set[int] = set()
-        self._tasks: list = []
-        self._spawned: set = set()
+        self.tasks = Tasks(self._fail)
         self._wake = asyncio.Event()
         self.inbox = Inbox(range(upstream_instances), strict=True)     # data lane
-        self.ctl = Inbox(strict=True)        # control lane from siblings: applied ahead of the data
+        self.ctl = Inbox(strict=True)        # control lane from siblings (see connect): ahead of the data
         self.numbered = Numbered(index)
         self.aligner = Aligner(range(upstream_instances))
         self.store = make_store(stage, key_groups)
@@ -66,12 +65,11 @@ class Instance:
                              final=lambda: self.finishing or self.eos_sent or self.finished_at is not None)
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
-                               send=self.send_control, apply=self._apply_released, spawn=self.spawn,
+                               send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,
                                lazy_step=lazy_step, lazy_delay=lazy_delay, lazy_pace=lazy_pace)
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit) if stage.is_source else None
         self.exchanges: dict = {}
-        self._sketch_sent: dict[int, float] = {}
 
     # -- wiring and lifecycle -------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
@@ -82,27 +80,20 @@ class Instance:
 
         self.worker = get_worker()
         self.siblings = [Peer(self.worker, a, k) for a, k in siblings]
-        for j in range(len(siblings)):
-            self.ctl.add_sender(j)
+        self.ctl = Inbox(range(len(siblings)), strict=True)
         self.combines = self.stage.kind == "aggregate" and len(siblings) > 1
         self.meter.report = report and self.store is not None
         for target, peers in outputs.items():
-            spec = exchanges[target]
-            chans = {i: self._channel(a, k) for i, (a, k) in enumerate(peers)}
-            self.exchanges[target] = (
-                KeyedRouter(spec, self.stage.name, chans, tables[target], index=self.index, dead=self.dead,
-                            spawn=self.spawn, lazy_asked=self._lazy_asked)
-                if spec.keyed else ShuffleExchange(spec, self.stage.name, chans))
+            self.exchanges[target] = make_exchange(
+                exchanges[target], self.stage.name, {i: self._channel(a, k) for i, (a, k) in enumerate(peers)},
+                tables.get(target), index=self.index, dead=self.dead, spawn=self.tasks.spawn, lazy_asked=self._lazy_asked)
         self.meter.routers = {t: x for t, x in self.exchanges.items() if isinstance(x, KeyedRouter)}
         self.status = "ready"
         return self.worker.address
 
     def _channel(self, address: str, key: str) -> OutChannel:
-        peer = Peer(self.worker, address, key)
-        return OutChannel(peer, self.index, self.credits, on_blocked=self.meter.add_blocked,
-                          on_error=lambda exc: self._fail(StreamlbError(
-                              f"instance {self.label} could not send to {peer.key} on {peer.address}: "
-                              f"{type(exc).__name__}: {exc}")))
+        return OutChannel(Peer(self.worker, address, key), self.index, self.credits, label=self.label,
+                          on_blocked=self.meter.add_blocked, on_error=self._fail)
 
     async def add_peer(self, target: int, index: int, address: str, key: str) -> None:
         """A new instance ``index`` of downstream stage ``target`` (a table routes to it later)."""
@@ -118,23 +109,8 @@ class Instance:
         self.started_at = time.time()
         self.status = "running"
         self.meter.start(self.worker, self.started_at)
-        self._tasks.append(asyncio.ensure_future(self.meter.ticker()))
-        body = self._run_source(epoch0 or self.started_at) if self.source else self._process_loop()
-        self._tasks.append(asyncio.ensure_future(self._guard(body)))
-
-    async def _guard(self, coro) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._fail(exc)
-
-    def spawn(self, coro) -> None:
-        """Run ``coro`` as a task this instance waits for before it finishes."""
-        task = asyncio.ensure_future(self._guard(coro))
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
+        self.tasks.run(self.meter.ticker(), guarded=False)
+        self.tasks.run(self._run_source(epoch0 or self.started_at) if self.source else self._process_loop())
 
     def _fail(self, exc: BaseException) -> None:
         if self.status == "failed":
@@ -144,13 +120,8 @@ class Instance:
             exc = StreamlbError(f"instance {self.label} failed: {type(exc).__name__}: {exc}\n"
                                 + "".join(traceback.format_exception(exc)))
         self.error = exc
-        self._cancel()
+        self.tasks.cancel()
         self.sinks.abort()
-
-    def _cancel(self) -> None:
-        for t in self._tasks:
-            if t is not asyncio.current_task():
-                t.cancel()
 
     async def _run_source(self, epoch0: float) -> None:
         await self.source.run(epoch0)
@@ -175,15 +146,8 @@ class Instance:
     async def push(self, env: Envelope):
         """A message on the data lane; returns once processed, with this instance's cost
         sketches now and then (osg), else None."""
-        fut = asyncio.get_running_loop().create_future()
-        if not self.inbox.put(env, (env.sender, env.msg, fut)):
-            raise StreamlbError(f"instance {self.label} has no upstream sender {env.sender} (run {env.run})")
-        self._wake.set()
-        await fut
-        if isinstance(self.op, ByFeature) and time.time() - self._sketch_sent.get(env.sender, 0.0) > 0.05:
-            self._sketch_sent[env.sender] = time.time()
-            return self.op.sketch.snapshot()       # osg: what records cost here, for the router
-        return None
+        await self._enqueue(self.inbox, env, "upstream sender")
+        return self.op.reply(env.sender)
 
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
@@ -192,9 +156,13 @@ class Instance:
             # nothing reads the queue any more: say so rather than leave the sender waiting
             raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
                                 f"{type(env.msg).__name__} from instance {env.sender} (message {env.seq})")
+        await self._enqueue(self.ctl, env, "sibling")
+
+    async def _enqueue(self, inbox: Inbox, env: Envelope, what: str) -> None:
+        """Queue what ``env`` carries in its sender's order; return once it was applied."""
         fut = asyncio.get_running_loop().create_future()
-        if not self.ctl.put(env, (env.sender, env.msg, fut)):
-            raise StreamlbError(f"instance {self.label} has no sibling {env.sender} (run {env.run})")
+        if not inbox.put(env, (env.sender, env.msg, fut)):
+            raise StreamlbError(f"instance {self.label} has no {what} {env.sender} (run {env.run})")
         self._wake.set()
         await fut
 
@@ -236,7 +204,7 @@ class Instance:
                     if self.combines:      # numbered after every partial sent to each sibling
                         for j in range(len(self.siblings)):
                             if j != self.index:
-                                self.spawn(self.send_control(j, PeerEnd(self.index)))
+                                self.tasks.spawn(self.send_control(j, PeerEnd(self.index)))
             case Install():
                 await self.owner.install(msg)
             case InstallKeys():
@@ -245,8 +213,8 @@ class Instance:
                 await self.op.on_combine(msg)
             case PeerEnd(sender=sibling):
                 self.peer_ends.add(sibling)
-            case Barrier():
-                pass                        # its sender waited until every earlier message was applied
+            case Barrier():     # its sender learns that every earlier message was applied
+                pass
             case _:
                 raise StreamlbError(f"instance {self.label} got an unknown message {type(msg).__name__}")
         return False
@@ -258,27 +226,22 @@ class Instance:
             if not len(frame):
                 return False
         frame, groups, held, firsts = self.owner.admit(frame, groups, msg.emitted, fut, sender, msg.need)
-        if held and not len(frame):
-            return True
-        await self.op.on_batch(frame, groups, msg.emitted)
-        self.records_in += len(frame)
-        self.owner.applied(len(frame), firsts)
+        if not held or len(frame):
+            await self._apply(frame, groups, msg.emitted, firsts)
         return held
 
-    async def _apply_released(self, frame, groups, emitted: float) -> None:
+    async def _apply(self, frame, groups, emitted: float, firsts=None) -> None:
         await self.op.on_batch(frame, groups, emitted)
         self.records_in += len(frame)
-        self.owner.applied(len(frame), None)
+        self.owner.applied(len(frame), firsts)
 
     def _can_finish(self) -> bool:
-        """End of stream from every router, no state on its way, and (split keys) no
-        partial aggregate still to come from a sibling."""
+        """Every input ended, no state on its way, no partial aggregate still to come."""
         return (self.finishing and not self.owner.waiting
                 and (not self.combines or len(self.peer_ends) == len(self.siblings) - 1))
 
     async def _finish(self) -> None:
-        while self._spawned:
-            await asyncio.gather(*list(self._spawned))
+        await self.tasks.join_spawned()
         await self.op.on_end()
         self.sinks.close()
         for ex in self.exchanges.values():
@@ -289,13 +252,12 @@ class Instance:
         self.finished_at = time.time()
         self.meter.close_window(self.finished_at, last=True)
         self.status = "done"
-        self._cancel()
+        self.tasks.cancel()
 
     # -- the epoch protocol (see streamlb._migration) -------------------------------------------
     async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
                         flush: bool = False) -> float:
-        """Router: switch to ``table`` at a batch boundary, marker on every channel; ``flush``
-        (lazy by merging): a source sends the rows already due now. Returns when it switched."""
+        """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
         switched = await self.exchanges[target].set_table(table, prefetch)
         if flush and self.source is not None:
             self.source.flush_due.set()
@@ -306,9 +268,7 @@ class Instance:
 
     async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
                       incoming: dict[int, int], flush: list[int] = ()) -> None:
-        """Be told ahead what epoch ``epoch`` moves: ``outgoing`` new owner -> key groups,
-        ``incoming`` key group -> old owner; ``flush``: homes of split keys this instance
-        stops helping with."""
+        """Be told ahead what ``epoch`` moves here (see ``OwnerSide.prepare``)."""
         if self.finishing or self.status in _ENDED:
             state = self.status if self.status != "running" else "finishing"
             raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
@@ -363,19 +323,15 @@ class Instance:
         return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
 
     async def state(self) -> pd.DataFrame:
-        """The keyed state held here. While a merging lazy epoch moves state to or from this
-        instance, wait until its part is through, so the instances' frames together count
-        every record once."""
+        """The keyed state held here, once no merging lazy move is half done here (so the
+        instances' frames together count every record once)."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
-        deadline = time.time() + config.seconds("migration.timeout")
-        while self.owner.merge_in_flight() and self.status == "running" and time.time() < deadline:
-            await asyncio.sleep(0.01)
+        await self.owner.merged(config.seconds("migration.timeout"), lambda: self.status == "running")
         return self.store.frame()
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        self.tasks.cancel()
         if self.status not in ("done", "failed"):
             self.status = "stopped"
             self.sinks.abort()

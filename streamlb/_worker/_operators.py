@@ -49,6 +49,10 @@ class OperatorLogic:
     async def on_end(self) -> None:
         """Every input ended: an operator that buffers emits what it holds here."""
 
+    def reply(self, sender: int):
+        """What the acknowledgement of a batch from ``sender`` carries back (None: nothing)."""
+        return None
+
     def snapshot(self, groups) -> dict:
         """The state of key groups ``groups``, without removing it."""
         raise PipelineError(f"{self.stage.name!r} holds no keyed state")
@@ -79,6 +83,14 @@ class ByFeature(OperatorLogic):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.sketch = _shuffle.CostSketch()
+        self._sent: dict[int, float] = {}
+
+    def reply(self, sender: int):
+        """Now and then, the cost sketches: what records cost here, for the router."""
+        if time.time() - self._sent.get(sender, 0.0) > 0.05:
+            self._sent[sender] = time.time()
+            return self.sketch.snapshot()
+        return None
 
     async def on_batch(self, frame: pd.DataFrame, groups, emitted: float) -> None:
         if not len(frame):
@@ -151,7 +163,7 @@ class Aggregate(_Keyed):
             if len(rows):
                 n += len(rows)
                 secs += self.cost_of(rows, len(rows))
-                ctx.spawn(ctx.send_control(home, Partial(self.store.partial(rows, groups), emitted)))
+                ctx.tasks.spawn(ctx.send_control(home, Partial(self.store.partial(rows, groups), emitted)))
         t1 = await ctx.cost.serve(secs, t1, more=bool(ctx.inbox))
         ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (time.time() - emitted) * 1e3, split=n)
         return n
