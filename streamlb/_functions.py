@@ -10,6 +10,8 @@ import os
 import site
 import sys
 import sysconfig
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -21,6 +23,14 @@ _INSTALLED = tuple(
               sysconfig.get_paths()["platstdlib"]}
     if p
 )
+
+
+def describe(func: Callable[..., Any]) -> str:
+    """A readable name for a user function, for error messages."""
+    func = getattr(func, "func", func) if type(func).__name__ == "UserFunction" else func
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module and module != "builtins" else name
 
 
 def _is_user_module(name: str | None) -> bool:
@@ -52,8 +62,6 @@ class UserFunction:
 
     def payload(self, operator: str = "") -> bytes:
         if self._payload is None:
-            from .nodes import describe
-
             name = getattr(self.func, "__module__", None)
             # leave a registration the user made in place: undo only our own
             by_value = _is_user_module(name) and name not in cloudpickle.list_registry_pickle_by_value()

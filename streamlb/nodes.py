@@ -7,11 +7,11 @@ batch and are fused into the stage they sit in. These nodes describe a pipeline;
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from streamz import Sink, Source, Stream
 
+from ._functions import describe  # noqa: F401  (streamlb.nodes.describe, as before)
 from .exceptions import PipelineError
 
 __all__ = ["from_parquet", "key_by", "aggregate", "stateful_map", "rebalance", "to_parquet"]
@@ -279,11 +279,3 @@ class to_parquet(Sink):
 
     def update(self, x, who=None, metadata=None):
         raise PipelineError("to_parquet runs on a Dask cluster: use streamlb.run(...)")
-
-
-def describe(func: Callable[..., Any]) -> str:
-    """A readable name for a user function, for error messages."""
-    func = getattr(func, "func", func) if type(func).__name__ == "UserFunction" else func
-    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
-    module = getattr(func, "__module__", None)
-    return f"{module}.{name}" if module and module != "builtins" else name

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamlb import _state
+from streamlb._state import _aggregate as _state
 from streamlb._state import AggregateState, StatefulMapState
 
 SPEC = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", "max"),
@@ -210,7 +210,7 @@ def test_stateful_map_cut_and_install():
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 5000), labels=hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(0, 4999)))
 def test_float_scatter_add_matches_ufunc_at(n, labels):
-    from streamlb._state import _add_float
+    from streamlb._state._shards import _add_float
 
     labels = labels % n
     values = np.arange(len(labels), dtype=float)

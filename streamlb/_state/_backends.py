@@ -1,0 +1,51 @@
+"""Choosing a state store for a stage: by its kind, in a storage backend."""
+from __future__ import annotations
+
+from ._aggregate import AggregateState
+from ._base import StateStore
+from ._stateful_map import StatefulMapState
+
+# Storage backends a store can live in; all state is in memory today.
+BACKENDS = ("memory",)
+
+
+def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore | None:
+    """The state store of ``stage``, or None for a stage that holds no keyed state.
+
+    Parameters
+    ----------
+    stage
+        Anything with the attributes ``kind``, ``name``, ``spec``, ``func`` and
+        ``key_name`` (a planned stage): ``kind`` "aggregate" or "stateful_map" holds state.
+    key_groups : int
+        Key groups of the job.
+    backend : str, optional
+        One of :data:`BACKENDS`; None means "memory".
+
+    Returns
+    -------
+    StateStore or None
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``backend``, listing the valid ones.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(kind="aggregate", name="agg", spec={"n": ("v", "count")},
+    ...                         func=None, key_name="k")
+    >>> type(make_store(stage, 16)).__name__
+    'AggregateState'
+    >>> make_store(SimpleNamespace(kind="map"), 16) is None
+    True
+    """
+    backend = "memory" if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown state backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if stage.kind == "aggregate":
+        return AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
+    if stage.kind == "stateful_map":
+        return StatefulMapState(stage.name, stage.func, stage.key_name, key_groups)
+    return None

@@ -1,0 +1,235 @@
+"""The StateStore contract, checked against pandas for every store, with no cluster.
+
+One test class holds the contract; it is subclassed once per store (as toolz tests its
+mappings), so a new store or backend passes the same tests by adding a subclass.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from streamlb import keygroups
+from streamlb._state import BACKENDS, AggregateState, StatefulMapState, StateStore, make_store
+from streamlb._state import _aggregate
+from streamlb.keygroups import assign_to_key_group
+
+G = 8
+SPEC = {"n": ("v", "count"), "s": ("v", "sum"), "lo": ("v", "min"), "hi": ("v", "max"), "avg": ("v", "mean")}
+
+
+def running_sum(state, record):
+    """A stateful map's function: the sum of ``v`` per key; outputs the previous sum."""
+    total = (state or 0) + record["v"]
+    return total, state
+
+
+def _batches(kind: str, n: int = 600, seed: int = 3) -> list[pd.DataFrame]:
+    """A stream in uneven batches, keys skewed, of integer or string keys."""
+    rng = np.random.default_rng(seed)
+    keys = rng.zipf(1.3, n) % 97
+    df = pd.DataFrame({"k": keys if kind == "int" else np.array([f"k{x}" for x in keys], dtype=object),
+                       "v": rng.integers(-50, 50, n)})
+    return [df.iloc[a:b] for a, b in [(0, 7), (7, 250), (250, 251), (251, n)]]
+
+
+def _groups(frame: pd.DataFrame) -> np.ndarray:
+    return assign_to_key_group(frame["k"].to_numpy(), G, name="k")
+
+
+def _assert_same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    got, want = got.sort_index(), want.sort_index()
+    assert got.index.tolist() == want.index.tolist()
+    assert list(got.columns) == list(want.columns)
+    for c in want.columns:
+        np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float), err_msg=c)
+
+
+def _of_groups(frame: pd.DataFrame, groups) -> pd.DataFrame:
+    """The rows of ``frame`` (indexed by key) whose key lies in key groups ``groups``."""
+    return frame[np.isin(assign_to_key_group(frame.index.to_numpy(), G), list(groups))]
+
+
+class StoreContract:
+    """What every :class:`StateStore` does; a subclass says how to build one and what
+    pandas says its state is."""
+
+    def make(self) -> StateStore:
+        raise NotImplementedError
+
+    def truth(self, df: pd.DataFrame) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @pytest.fixture(params=["int", "str"])
+    def batches(self, request) -> list[pd.DataFrame]:
+        return _batches(request.param)
+
+    def filled(self, batches, with_groups: bool = True) -> StateStore:
+        store = self.make()
+        for b in batches:
+            store.update(b, _groups(b) if with_groups else None)
+        return store
+
+    def test_is_a_state_store(self):
+        assert isinstance(self.make(), StateStore)
+
+    def test_update_with_and_without_groups_gives_the_same_frame(self, batches):
+        want = self.truth(pd.concat(batches))
+        _assert_same(self.filled(batches, with_groups=True).frame(), want)
+        _assert_same(self.filled(batches, with_groups=False).frame(), want)
+
+    def test_snapshot_leaves_the_store_unchanged_and_reproduces_the_groups(self, batches):
+        store = self.filled(batches)
+        before = store.frame()
+        moving = {1, 4, 5}
+        snap = store.snapshot(moving)
+        _assert_same(store.frame(), before)
+        assert len(store) == len(before)
+        copy = self.make()
+        copy.install(snap)
+        _assert_same(copy.frame(), _of_groups(before, moving))
+        cut = self.make()
+        cut.install(store.cut(moving))          # the blob cut gives is the snapshot's
+        _assert_same(cut.frame(), copy.frame())
+
+    def test_cut_and_install_conserve_state_exactly(self, batches):
+        df = pd.concat(batches)
+        owner = np.arange(G) % 2
+        stores = [self.make(), self.make()]
+        for b in batches:
+            g = _groups(b)
+            for i in (0, 1):
+                rows = owner[g] == i
+                stores[i].update(b[rows], g[rows])
+        keys = df["k"].drop_duplicates().to_numpy()[:10]
+        kg = assign_to_key_group(keys, G)
+        from0 = owner[kg] == 0
+        stores[1].install(stores[0].cut_keys(keys[from0], kg[from0]))     # single keys first
+        assert stores[1].contains(keys[from0], kg[from0]).all()
+        assert not stores[0].contains(keys[from0]).any()
+        for g in (0, 2, 3):
+            src = owner[g]
+            stores[1 - src].reserve({g})
+            stores[1 - src].install(stores[src].cut({g}))
+            owner[g] = 1 - src
+        got = pd.concat([s.frame() for s in stores])
+        assert not got.index.duplicated().any()
+        _assert_same(got, self.truth(df))
+        assert len(stores[0]) + len(stores[1]) == df["k"].nunique()
+
+    def test_keys_per_group_matches_pandas(self, batches):
+        store = self.filled(batches)
+        keys = pd.concat(batches)["k"].drop_duplicates().to_numpy()
+        want = np.bincount(assign_to_key_group(keys, G), minlength=G)
+        np.testing.assert_array_equal(store.keys_per_group(range(G)), want)
+        np.testing.assert_array_equal(store.keys_per_group([3, 0]), want[[3, 0]])
+        store.cut({3})
+        assert store.keys_per_group([3]).tolist() == [0]
+        assert len(store) == len(keys) - want[3]
+
+    def test_key_kind(self, batches):
+        store = self.make()
+        assert store.key_kind() is None
+        store.update(batches[0])
+        assert store.key_kind() == ("i" if batches[0]["k"].dtype.kind == "i" else "O")
+
+    def test_contains(self, batches):
+        store = self.filled(batches[:1])
+        held = batches[0]["k"].to_numpy()
+        absent = np.array([10**6] if held.dtype.kind == "i" else ["nowhere"], dtype=held.dtype)
+        assert store.contains(held).all()
+        assert not store.contains(absent).any()
+
+    def test_passed_groups_are_not_hashed_again(self, batches, monkeypatch):
+        """A record's key group is computed once per exchange, by its router: with the
+        groups passed, updating, cutting single keys, snapshots, cuts and installs hash
+        nothing."""
+        df = pd.concat(batches)
+        groups = _groups(df)
+        keys = df["k"].drop_duplicates().to_numpy()[:10]
+        kg = assign_to_key_group(keys, G)
+        calls = []
+        real = keygroups.stable_hash
+
+        def counted(*args, **kwargs):
+            calls.append(len(args[0]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(keygroups, "stable_hash", counted)
+        src, dst = self.make(), self.make()
+        for a, b in [(0, 300), (300, len(df))]:
+            src.update(df.iloc[a:b], groups[a:b])
+        dst.install(src.cut_keys(keys, kg))
+        assert dst.contains(keys, kg).all()
+        src.snapshot(range(G))
+        dst.install(src.cut({1, 2}))
+        assert calls == []
+        self.make().update(df)                  # the counter counts: no groups, a hash
+        assert calls
+
+
+class TestAggregateState(StoreContract):
+    def make(self) -> AggregateState:
+        return AggregateState("agg", SPEC, "k", G)
+
+    def truth(self, df: pd.DataFrame) -> pd.DataFrame:
+        return df.groupby("k").agg(**SPEC)
+
+    def test_clean_marks_rows_whose_summed_value_is_not_a_number(self):
+        store = self.make()
+        frame = pd.DataFrame({"k": [1, 2, 3, 4], "v": pd.Series([1, "x", 2.5, "y"], dtype=object)})
+        cleaned, bad, reasons = store.clean(frame)
+        assert bad.tolist() == [False, True, False, True]
+        assert reasons == ["column 'v' holds 'x', not a number", "column 'v' holds 'y', not a number"]
+        assert len(cleaned) == len(frame) and cleaned["v"].dtype == np.float64
+        store.update(cleaned[~bad])
+        assert store.frame()["s"].to_dict() == {1: 1.0, 3: 2.5}
+
+    def test_clean_passes_a_numeric_frame_whole(self):
+        frame = pd.DataFrame({"k": [1, 2], "v": [1.0, 2.0]})
+        cleaned, bad, reasons = self.make().clean(frame)
+        assert cleaned is frame and bad is None and reasons == []
+
+
+class TestAggregateStateInSmallShards(TestAggregateState):
+    """The same contract while shards split mid-stream (at once: the background splits
+    are test_state's), down to one key group a shard."""
+
+    @pytest.fixture(autouse=True)
+    def small_shards(self, monkeypatch):
+        monkeypatch.setattr(_aggregate, "SHARD_KEYS", 4)
+
+    def test_the_state_is_sharded(self, batches):
+        assert len(self.filled(batches).shards) == G
+
+
+class TestStatefulMapState(StoreContract):
+    def make(self) -> StatefulMapState:
+        return StatefulMapState("smap", running_sum, "k", G)
+
+    def truth(self, df: pd.DataFrame) -> pd.DataFrame:
+        return df.groupby("k")["v"].sum().to_frame("state")
+
+    def test_clean_finds_nothing_wrong(self):
+        frame = pd.DataFrame({"k": [1], "v": ["x"]})
+        assert self.make().clean(frame) == (frame, None, [])
+
+
+def _stage(kind: str) -> SimpleNamespace:
+    return SimpleNamespace(kind=kind, name="op", spec=SPEC, func=running_sum, key_name="k")
+
+
+def test_make_store_builds_the_store_of_each_stateful_kind():
+    agg = make_store(_stage("aggregate"), G)
+    assert isinstance(agg, AggregateState) and (agg.spec, agg.key_name, agg.groups) == (SPEC, "k", G)
+    smap = make_store(_stage("stateful_map"), G, backend="memory")
+    assert isinstance(smap, StatefulMapState) and (smap.func, smap.key_name, smap.groups) == (running_sum, "k", G)
+    assert make_store(_stage("map"), G) is None
+
+
+def test_make_store_rejects_an_unknown_backend_naming_the_valid_ones():
+    assert BACKENDS == ("memory",)
+    with pytest.raises(ValueError, match="'rocks'.*memory"):
+        make_store(_stage("aggregate"), G, backend="rocks")
