@@ -14,7 +14,7 @@ import pandas as pd
 from . import config
 from .exceptions import (JobFailedError, MigrationError, PipelineError, SchedulerUnreachableError,
                          StreamlbError)
-from .planner import Plan, plan
+from .planner import Plan, Stage, plan
 from .routing import RoutingTable
 
 __all__ = ["run", "Job", "METRIC_COLUMNS"]
@@ -86,7 +86,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     Job
         The job is already running: call ``job.wait()``.
     """
-    from ._coordinator import check_strategy
+    from ._migration import check_strategy
     from .balancer import get_balancer
     from .keygroups import check_key_groups
 
@@ -127,10 +127,8 @@ class Job:
     def __init__(self, plan: Plan, client, cluster, workers: list[str], key_groups: int,
                  window: float, credits: int, owns_client: bool = True, balancer: str | None = None,
                  migration: str | None = None, balancer_options: dict | None = None) -> None:
-        from ._coordinator import JobControl
-        from ._worker import ExchangeSpec, Instance
-        from .plugin import ensure_plugin
-        from .balancer import get_balancer
+        from . import _placement
+        from ._migration import open_control
 
         self.balancer = balancer
         self.migration = migration
@@ -146,59 +144,27 @@ class Job:
         self.error: BaseException | None = None
         self._last: list[dict] = []
         self._dead: list[dict] = []
-        self._history: list[dict] = []
         by_id = {s.id: s for s in plan.stages}
-        ups = {s.id: by_id[s.upstream].parallelism if s.upstream is not None else 0 for s in plan.stages}
         futures = {}
         for st in plan.stages:
-            for i in range(st.parallelism):
-                w = workers[(i + st.id) % len(workers)]
-                futures[(st.id, i)] = client.submit(
-                    Instance, st, i, ups[st.id], job=self.id, key_groups=key_groups,
-                    window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
-                    lazy_delay=config.get("migration.lazy-delay"),
-                    lazy_pace=config.get("migration.lazy-pace"),
-                    lazy_asked=config.get("migration.lazy-asked-keys"),
-                    actor=True, workers=[w],
-                    allow_other_workers=False, pure=False, key=f"streamlb-{self.id}-{st.id}-{i}",
-                )
+            futures.update(_placement.create_instances(
+                client, self.id, st, range(st.parallelism), workers,
+                upstream=by_id[st.upstream].parallelism if st.upstream is not None else 0,
+                key_groups=key_groups, window=window, credits=credits))
         self._futures = futures  # actors referenced only by actors would be collected
         self.actors = {k: f.result() for k, f in futures.items()}
-        # routers keep heavy-hitter sketches only for a balancer that splits hot keys
-        hot_keys = 0
-        if balancer is not None and getattr(get_balancer(balancer, **(balancer_options or {})),
-                                            "wants_hot_keys", False):
-            hot_keys = int(config.get("balancer.hot-keys"))
         self.tables = {
             st.id: RoutingTable.initial(key_groups, st.parallelism)
             for st in plan.stages if st.exchange == "keyed"
         }
-        exchanges = {
-            st.id: ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balancer is not None, st.shuffle,
-                                hot_keys if st.kind == "aggregate" else 0)
-            for st in plan.stages if not st.is_source
-        }
-        peers = {
-            st.id: [(self.actors[(st.id, i)]._address, self.actors[(st.id, i)].key)
-                    for i in range(st.parallelism)]
-            for st in plan.stages
-        }
-        downstream = {st.id: [d.id for d in plan.stages if d.upstream == st.id] for st in plan.stages}
-        calls = []
-        for (sid, i), a in self.actors.items():
-            outs = {d: peers[d] for d in downstream[sid]}
-            calls.append(a.connect(outs, {d: self.tables[d] for d in outs if d in self.tables},
-                                   exchanges, peers[sid], balancer is not None))
-        self.workers_of = dict(zip(self.actors, [c.result() for c in calls]))
-        self.control = JobControl(self.topology())
-        if balancer is not None:
-            ensure_plugin(client)
-            client.sync(client.scheduler.streamlb_register_job, job=self.id, topology=self.topology(),
-                        balancer=balancer, options=balancer_options or {}, migration=migration)
-        order = sorted(self.actors, key=lambda k: by_id[k[0]].is_source)
-        epoch0 = time.time() + 0.05     # replaying sources share this wall-clock origin
-        for c in [self.actors[k].start(epoch0) for k in order]:
-            c.result()
+        exchanges = _placement.exchange_specs(plan.stages, balanced=balancer is not None,
+                                              hot_keys=_placement.hot_keys_for(balancer, balancer_options))
+        self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, exchanges,
+                                          report=balancer is not None)
+        self._migrations = open_control(client, self.topology(), balancer=balancer, options=balancer_options,
+                                        migration=migration)
+        self.control = self._migrations.control
+        _placement.start(self.actors, plan.stages)
         self.started_at = time.time()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -282,34 +248,14 @@ class Job:
 
     def balancer_state(self) -> dict:
         """The plugin's view of this job: routing tables, epochs, moves, load per instance."""
-        if self.balancer is None:
-            raise PipelineError(f"job {self.id} runs without a balancer; pass streamlb.run(..., balancer=...)")
-        return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.id, {})
+        return self._migrations.balancer_state()
 
     def load_trace(self, operator: str):
         """The load the balancer plugin saw for ``operator``, window by window (the last
         ``streamlb.balancer.trace-windows`` of them), as a :class:`streamlb.simulate.Trace`
         to replay through any balancer with :func:`streamlb.simulate.simulate`."""
-        import io
-
-        from .simulate import Trace
-
-        if self.balancer is None:
-            raise PipelineError(f"job {self.id} runs without a balancer, so no load was recorded; "
-                                "pass streamlb.run(..., balancer=...)")
-        st = self.plan.stage(operator)
-        if st.id not in self.tables:
-            raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have load traces")
-        r = self.client.sync(self.client.scheduler.streamlb_trace, job=self.id, operator=operator)
-        arr = {k: np.load(io.BytesIO(r[k]), allow_pickle=False)
-               for k in ("window_start", "loads", "owners", "measured")}
-        if not len(arr["loads"]):
-            raise PipelineError(f"no load window of {operator!r} has been recorded yet")
-        hot = {k: np.load(io.BytesIO(r[k]), allow_pickle=False) for k in ("hot_keys", "hot_loads") if k in r}
-        return Trace(arr["loads"], int(r["instances"]), float(r["window"]), owners=arr["owners"][0], **hot,
-                     recorded_owners=arr["owners"], measured=arr["measured"],
-                     meta={"source": "job", "job": self.id, "operator": operator,
-                           "window_start": arr["window_start"].tolist()})
+        return self._migrations.load_trace(
+            operator, check=lambda: self._keyed(operator, "only keyed operators have load traces"))
 
     def _commit_parquet(self) -> None:
         for path in self.plan.parquet_paths:
@@ -325,12 +271,7 @@ class Job:
         """Stop every instance and release the cluster if ``run`` started it."""
         if self._closed:
             return
-        if self.balancer is not None:
-            try:
-                self._history = self.client.sync(self.client.scheduler.streamlb_history, job=self.id)
-                self.client.sync(self.client.scheduler.streamlb_unregister_job, job=self.id)
-            except Exception:
-                pass
+        self._migrations.close()
         self._closed = True
         if self.status == "running":
             for a in self.actors.values():
@@ -378,22 +319,20 @@ class Job:
 
     def routing(self, operator: str) -> RoutingTable:
         """The current routing table (key group -> instance, with its epoch) of ``operator``."""
+        self._keyed(operator, "only keyed operators have a routing table")
+        return self._migrations.routing(operator)
+
+    def _keyed(self, operator: str, only: str, error: type[StreamlbError] = PipelineError) -> Stage:
+        """The stage of ``operator`` if it is keyed; else ``error``: "... is not keyed; <only>"."""
         st = self.plan.stage(operator)
         if st.id not in self.tables:
-            raise PipelineError(f"operator {operator!r} is not keyed; only keyed operators have a routing table")
-        if self.balancer is not None:
-            state = self.client.sync(self.client.scheduler.streamlb_routing, job=self.id, operator=operator)
-            return _table(state, st.parallelism)
-        return self.control.operator(operator).table
+            raise error(f"operator {operator!r} is not keyed; {only}")
+        return st
 
     @property
     def history(self) -> list[dict]:
         """Completed migration epochs: operator, epoch, strategy, key groups, from, to, times."""
-        if self.balancer is not None and not self._closed:
-            self._history = self.client.sync(self.client.scheduler.streamlb_history, job=self.id)
-        elif self.balancer is None:
-            self._history = self.control.history
-        return list(self._history)
+        return list(self._migrations.history())
 
     def migrate(self, operator: str, key_groups, to_instance: int, strategy: str | None = None) -> RoutingTable:
         """Move ``key_groups`` of ``operator`` to ``to_instance`` while the job runs.
@@ -428,7 +367,7 @@ class Job:
     def reassign(self, operator: str, assignment: dict[int, int], strategy: str | None = None) -> RoutingTable:
         """Give each key group of ``assignment`` to its new instance, in one plan: an instance
         may give and take key groups in the same epoch. See :meth:`migrate`."""
-        from ._coordinator import check_strategy, migrate
+        from ._migration import check_strategy
 
         self.plan.stage(operator)
         for g, to in assignment.items():
@@ -436,20 +375,7 @@ class Job:
         strategy = check_strategy(strategy or self.migration or config.get("migration.strategy"))
         if self.status != "running":
             raise MigrationError(f"job {self.id} is {self.status}; migrations need a running job")
-        assignment = {int(g): int(to) for g, to in assignment.items()}
-        if self.balancer is not None:
-            state = self.client.sync(self.client.scheduler.streamlb_migrate, job=self.id, operator=operator,
-                                     assignment=[[g, to] for g, to in assignment.items()], strategy=strategy)
-            return _table(state, self.plan.stage(operator).parallelism)
-        return self.client.sync(
-            migrate, self.control, self._call, operator, assignment, strategy,
-            fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
-        )
-
-    async def _call(self, address, key, method, *args):
-        from ._coordinator import actor_call
-
-        return await actor_call(self.client.rpc, address, key, method, *args)
+        return self._migrations.reassign(operator, {int(g): int(to) for g, to in assignment.items()}, strategy)
 
     def split(self, operator: str, key, helpers) -> RoutingTable:
         """Spread the records of hot ``key`` of an ``aggregate`` over its home instance and
@@ -474,11 +400,7 @@ class Job:
             For a ``stateful_map``, a helper out of range or equal to the home, or a job that
             is not running; the job keeps running on its current routing.
         """
-        from ._coordinator import split
-
-        st = self.plan.stage(operator)
-        if st.id not in self.tables:
-            raise MigrationError(f"operator {operator!r} is not keyed; only keyed aggregate keys can be split")
+        st = self._keyed(operator, "only keyed aggregate keys can be split", MigrationError)
         if self.status != "running":
             raise MigrationError(f"job {self.id} is {self.status}; splitting a key needs a running job")
         try:
@@ -491,12 +413,7 @@ class Job:
         helpers = [int(h) for h in helpers]
         key = key.item() if isinstance(key, np.generic) else key
         self._check_key_type(st, key)
-        if self.balancer is not None:
-            state = self.client.sync(self.client.scheduler.streamlb_split, job=self.id, operator=operator,
-                                     changes=[[key, helpers]])
-            return _table(state, st.parallelism)
-        return self.client.sync(split, self.control, self._call, operator, {key: tuple(helpers)},
-                                timeout=config.seconds("migration.timeout"))
+        return self._migrations.split(operator, {key: tuple(helpers)})
 
     def _check_key_type(self, st, key) -> None:
         """A split key must be of the operator's key type, or no row would ever match it."""
@@ -568,9 +485,3 @@ class Job:
         for r in rows:
             out.update(r["offsets"])
         return out
-
-
-def _table(state: dict, parallelism: int) -> RoutingTable:
-    """A routing table from the plugin's JSON-able form."""
-    return RoutingTable(np.asarray(state["owners"]), parallelism, state["epoch"],
-                        splits=tuple((k, tuple(h)) for k, h in state.get("splits", ())))

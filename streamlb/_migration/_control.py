@@ -1,0 +1,120 @@
+"""What the coordinator knows of a job: its actors, its keyed operators and their routing tables.
+
+``call(address, key, method, *args)`` is how the coordinator reaches an actor, wherever it
+runs (the driver, through the client; the scheduler plugin, through the scheduler).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import numpy as np
+
+from ..exceptions import MigrationError
+from ..routing import RoutingTable
+
+Call = Callable[..., Awaitable]
+
+
+def actor_caller(rpc) -> Call:
+    """``call(address, key, method, *args)`` through the connection pool ``rpc`` (a
+    client's or the scheduler's)."""
+    async def call(address: str, key: str, method: str, *args):
+        # imported on first use: the worker package loads the actor module
+        from .._worker._channels import call_actor
+
+        return await call_actor(rpc, address, key, method, *args)
+
+    return call
+
+
+class OperatorControl:
+    """Routing state of one keyed operator."""
+
+    def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate",
+                 merges_lazily: bool = False) -> None:
+        self.name = name
+        self.kind = kind
+        self.merges_lazily = merges_lazily      # Stage.merges_lazily: lazy moves pull no key
+        self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
+        self.routers = [tuple(p) for p in routers]
+        self.table = table
+        self.in_flight = False
+        self.last_completed = 0.0
+        self.moved_at: dict[int, int] = {}             # key group -> epoch it last moved in
+        self.unsettled: dict[int, tuple[list, list]] = {}   # epoch that timed out -> (groups, instances)
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[OperatorControl]:
+        """Hold the operator for one migration: one at a time, in flight until it ends."""
+        async with self.lock:
+            self.in_flight = True
+            try:
+                yield self
+            finally:
+                self.in_flight = False
+                self.last_completed = time.time()
+
+
+class JobControl:
+    """What a coordinator needs to know about a job: its actors and routing tables."""
+
+    def __init__(self, topology: dict) -> None:
+        self.job = topology["job"]
+        self.key_groups = int(topology["key_groups"])
+        self.sources = [tuple(p) for p in topology["sources"]]
+        self.instances = [tuple(p) for p in topology["instances"]]
+        self.operators = {
+            name: OperatorControl(name, op["owners"], op["routers"],
+                                  RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])),
+                                  op.get("kind", "aggregate"), bool(op.get("merges_lazily", False)))
+            for name, op in topology["operators"].items()
+        }
+        self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
+        self.history: list[dict] = []
+
+    def operator(self, name: str) -> OperatorControl:
+        if name not in self.operators:
+            raise MigrationError(
+                f"job {self.job} has no keyed operator {name!r}; keyed operators: {', '.join(self.operators)}"
+            )
+        return self.operators[name]
+
+    def target(self, op: OperatorControl) -> int:
+        """The stage id the routers of ``op`` know its exchange by."""
+        return self.stage_ids[op.name]
+
+    def validate(self, operator: str, key_groups, to_instance) -> list[int]:
+        """Key groups to move; raise MigrationError naming what is wrong."""
+        op = self.operator(operator)
+        n, G = op.table.parallelism, op.table.key_groups
+        if not isinstance(to_instance, (int, np.integer)) or not 0 <= to_instance < n:
+            raise MigrationError(
+                f"operator {operator!r} has instances 0..{n - 1}; cannot move key groups to instance {to_instance!r}"
+            )
+        groups = sorted({int(g) for g in key_groups})
+        bad = [g for g in groups if not 0 <= g < G]
+        if bad:
+            raise MigrationError(f"operator {operator!r}: key group {bad[0]} is outside 0..{G - 1}")
+        return groups
+
+
+def table_state(table: RoutingTable) -> dict:
+    """A routing table in the JSON-able form the plugin's handlers answer with."""
+    return {"owners": table.owners.tolist(), "epoch": table.epoch,
+            "splits": [[k, list(h)] for k, h in table.splits]}
+
+
+def table_from_state(state: dict, parallelism: int) -> RoutingTable:
+    """A routing table from the plugin's JSON-able form."""
+    return RoutingTable(np.asarray(state["owners"]), parallelism, state["epoch"],
+                        splits=tuple((k, tuple(h)) for k, h in state.get("splits", ())))

@@ -1,0 +1,152 @@
+"""How a :class:`~streamlb.Job` reaches the coordinator of its migrations.
+
+A job without a balancer runs the coordinator in the driver, through the client
+(:class:`DriverControl`); a balanced job asks the scheduler plugin, where the coordinator
+runs next to the balancer (:class:`PluginControl`). Both answer the same calls, so the job
+holds one of them and never asks which.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from .. import config
+from ..exceptions import PipelineError
+from ..routing import RoutingTable
+from ._control import JobControl, actor_caller, table_from_state
+from ._epochs import migrate
+from ._plugin import ensure_plugin
+from ._reports import unpack_trace
+from ._split import split
+
+
+class Control(ABC):
+    """A job's migrations: routing tables, moves, splits and what was recorded of them.
+
+    ``control`` is the job's :class:`JobControl` (built from its topology), by which
+    arguments are checked before anything is asked.
+    """
+
+    def __init__(self, client, control: JobControl) -> None:
+        self.client = client
+        self.control = control
+
+    @abstractmethod
+    def routing(self, operator: str) -> RoutingTable:
+        """The routing table in force for keyed ``operator``."""
+
+    @abstractmethod
+    def history(self) -> list[dict]:
+        """Completed epochs, oldest first."""
+
+    @abstractmethod
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
+        """Give each key group of ``assignment`` to its instance; the table once done."""
+
+    @abstractmethod
+    def split(self, operator: str, changes: dict) -> RoutingTable:
+        """Split each key of ``changes`` over its helpers (none: merge it back)."""
+
+    @abstractmethod
+    def balancer_state(self) -> dict:
+        """The balancer plugin's view of the job."""
+
+    @abstractmethod
+    def load_trace(self, operator: str, check: Callable[[], object]):
+        """The load the balancer saw for ``operator``, once ``check()`` accepted it."""
+
+    def close(self) -> None:
+        """The job stops: keep what is needed to answer :meth:`history` afterwards."""
+
+
+class DriverControl(Control):
+    """The coordinator in the driver: moves and splits only when the job asks for them."""
+
+    def __init__(self, client, control: JobControl) -> None:
+        super().__init__(client, control)
+        self._call = actor_caller(client.rpc)
+
+    def routing(self, operator: str) -> RoutingTable:
+        return self.control.operator(operator).table
+
+    def history(self) -> list[dict]:
+        return self.control.history
+
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
+        return self.client.sync(
+            migrate, self.control, self._call, operator, assignment, strategy,
+            fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
+        )
+
+    def split(self, operator: str, changes: dict) -> RoutingTable:
+        return self.client.sync(split, self.control, self._call, operator, changes,
+                                timeout=config.seconds("migration.timeout"))
+
+    def balancer_state(self) -> dict:
+        raise PipelineError(f"job {self.control.job} runs without a balancer; pass streamlb.run(..., balancer=...)")
+
+    def load_trace(self, operator: str, check: Callable[[], object]):
+        raise PipelineError(f"job {self.control.job} runs without a balancer, so no load was recorded; "
+                            "pass streamlb.run(..., balancer=...)")
+
+
+class PluginControl(Control):
+    """The coordinator in the scheduler plugin, which the job registers with (adding the
+    plugin to the scheduler if it is not there)."""
+
+    def __init__(self, client, control: JobControl, topology: dict, *, balancer: str,
+                 options: dict | None = None, migration: str | None = None) -> None:
+        super().__init__(client, control)
+        self._history: list[dict] = []
+        self._closed = False
+        ensure_plugin(client)
+        self._ask("streamlb_register_job", topology=topology, balancer=balancer, options=options or {},
+                  migration=migration)
+
+    def _ask(self, handler: str, **kwargs):
+        return self.client.sync(getattr(self.client.scheduler, handler), job=self.control.job, **kwargs)
+
+    def _table(self, operator: str, state: dict) -> RoutingTable:
+        return table_from_state(state, self.control.operator(operator).table.parallelism)
+
+    def routing(self, operator: str) -> RoutingTable:
+        return self._table(operator, self._ask("streamlb_routing", operator=operator))
+
+    def history(self) -> list[dict]:
+        if not self._closed:
+            self._history = self._ask("streamlb_history")
+        return self._history
+
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
+        state = self._ask("streamlb_migrate", operator=operator,
+                          assignment=[[g, to] for g, to in assignment.items()], strategy=strategy)
+        return self._table(operator, state)
+
+    def split(self, operator: str, changes: dict) -> RoutingTable:
+        state = self._ask("streamlb_split", operator=operator, changes=[[k, list(h)] for k, h in changes.items()])
+        return self._table(operator, state)
+
+    def balancer_state(self) -> dict:
+        return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.control.job, {})
+
+    def load_trace(self, operator: str, check: Callable[[], object]):
+        check()
+        return unpack_trace(self._ask("streamlb_trace", operator=operator), self.control.job, operator)
+
+    def close(self) -> None:
+        try:
+            self._history = self._ask("streamlb_history")
+            self._ask("streamlb_unregister_job")
+        except Exception:
+            pass
+        self._closed = True
+
+
+def open_control(client, topology: dict, *, balancer: str | None = None, options: dict | None = None,
+                 migration: str | None = None) -> Control:
+    """The control of a job with ``topology``: through the scheduler plugin with a
+    ``balancer``, else in the driver."""
+    control = JobControl(topology)
+    if balancer is None:
+        return DriverControl(client, control)
+    return PluginControl(client, control, topology, balancer=balancer, options=options, migration=migration)

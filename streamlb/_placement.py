@@ -1,0 +1,118 @@
+"""Place a job's instances on workers as Dask actors, wire them together and start them.
+
+Each function takes the stage or the instances it works on, so that instances can be added
+to a running job with the same calls: create them, then wire the new ones.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from . import config
+from .planner import Stage
+
+Key = tuple[int, int]           # (stage id, instance index)
+
+
+def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int, str]:
+    """Worker of each instance of ``stage``: round robin from the stage's id, so that the
+    first instances of consecutive stages land on different workers."""
+    return {i: workers[(i + stage.id) % len(workers)] for i in indices}
+
+
+def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], workers: list[str], *,
+                     upstream: int, key_groups: int, window: float, credits: int) -> dict[Key, object]:
+    """Create the actors of instances ``indices`` of ``stage``, each on its worker.
+
+    Parameters
+    ----------
+    upstream : int
+        Instances of the upstream stage (0 for a source): the senders each instance hears.
+
+    Returns
+    -------
+    dict
+        ``(stage id, index) -> future`` of each actor. Keep the futures: an actor referenced
+        only by other actors is garbage-collected.
+    """
+    from ._worker import Instance
+
+    return {
+        (stage.id, i): client.submit(
+            Instance, stage, i, upstream, job=job_id, key_groups=key_groups,
+            window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
+            lazy_delay=config.get("migration.lazy-delay"),
+            lazy_pace=config.get("migration.lazy-pace"),
+            lazy_asked=config.get("migration.lazy-asked-keys"),
+            actor=True, workers=[w],
+            allow_other_workers=False, pure=False, key=f"streamlb-{job_id}-{stage.id}-{i}",
+        )
+        for i, w in place(stage, indices, workers).items()
+    }
+
+
+def hot_keys_for(balancer: str | None, options: dict | None) -> int:
+    """Counters of the routers' heavy-hitter sketches: kept only for a balancer that splits
+    hot keys."""
+    from .balancer import get_balancer
+
+    if balancer is not None and getattr(get_balancer(balancer, **(options or {})), "wants_hot_keys", False):
+        return int(config.get("balancer.hot-keys"))
+    return 0
+
+
+def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0) -> dict:
+    """How records reach each stage that is not a source: stage id -> ``ExchangeSpec``."""
+    from ._worker import ExchangeSpec
+
+    return {
+        st.id: ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balanced, st.shuffle,
+                            hot_keys if st.kind == "aggregate" else 0)
+        for st in stages if not st.is_source
+    }
+
+
+def peers(actors: dict, stage: Stage) -> list[tuple[str, str]]:
+    """``(worker address, actor key)`` of every instance of ``stage``, by index."""
+    return [(actors[(stage.id, i)]._address, actors[(stage.id, i)].key) for i in range(stage.parallelism)]
+
+
+def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, report: bool,
+         keys: Iterable[Key] | None = None) -> dict[Key, str]:
+    """Connect instances ``keys`` (default: every actor) to the instances of their
+    downstream stages and to their siblings.
+
+    Parameters
+    ----------
+    actors : dict
+        ``(stage id, index) -> actor`` of the whole job.
+    tables : dict
+        Routing table of each keyed stage, by stage id.
+    exchanges : dict
+        From :func:`exchange_specs`.
+    report : bool
+        Whether the instances send load reports (a balanced job).
+
+    Returns
+    -------
+    dict
+        The worker address of each instance connected.
+    """
+    by_stage = {st.id: peers(actors, st) for st in stages}
+    downstream = {st.id: [d.id for d in stages if d.upstream == st.id] for st in stages}
+    keys = list(actors if keys is None else keys)
+    calls = []
+    for sid, i in keys:
+        outs = {d: by_stage[d] for d in downstream[sid]}
+        calls.append(actors[(sid, i)].connect(outs, {d: tables[d] for d in outs if d in tables},
+                                              exchanges, by_stage[sid], report))
+    return dict(zip(keys, [c.result() for c in calls]))
+
+
+def start(actors: dict, stages: list[Stage]) -> None:
+    """Start the instances, the sources last, with one wall-clock origin."""
+    by_id = {s.id: s for s in stages}
+    order = sorted(actors, key=lambda k: by_id[k[0]].is_source)
+    epoch0 = time.time() + 0.05     # replaying sources share this wall-clock origin
+    for c in [actors[k].start(epoch0) for k in order]:
+        c.result()
