@@ -42,10 +42,10 @@ def test_removing_a_sender_releases_what_waited_for_it_and_adding_one_holds_epoc
 
 
 def test_forget_drops_an_epochs_markers_and_subscribers():
-    a = Aligner([0, 1])
     told = []
+    a = Aligner([0, 1])
+    a.when_aligned(4, told.append)        # never called: forgotten before it is aligned
     a.marker(0, 4)
-    a.when_aligned(4, lambda: told.append(4))
     a.forget(4)
     a.marker(1, 4)
     assert told == [] and not a.aligned(4)
