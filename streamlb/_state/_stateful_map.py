@@ -47,7 +47,7 @@ class StatefulMapState(StateStore):
         for k, g in groups.items():
             by_group.setdefault(g, set()).add(k)
 
-    def _new_keys(self, keys: list, groups: np.ndarray | None) -> dict:
+    def _new_keys(self, column: pd.Series, keys: list, groups: np.ndarray | None) -> dict:
         """The keys of a batch without state here, with their key groups (hashed, in one
         vectorised call, only when the caller passed none)."""
         states = self.states
@@ -56,7 +56,12 @@ class StatefulMapState(StateStore):
             if not new:
                 return {}
             return dict(zip(new, assign_to_key_group(_key_array(new), self.groups, name=self.key_name).tolist()))
-        return {k: g for k, g in dict(zip(keys, np.asarray(groups).tolist())).items() if k not in states}
+        # the batch's distinct keys (as Python values, like ``keys``) with the group of the
+        # first row of each, found vectorised rather than with a dict over every row
+        codes, uniques = pd.factorize(column, sort=False)
+        first = np.empty(len(uniques), np.int64)
+        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        return {k: g for k, g in zip(uniques.tolist(), np.asarray(groups)[first].tolist()) if k not in states}
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
         """Apply one batch, row by row in order; return the function's output for each row."""
@@ -66,9 +71,10 @@ class StatefulMapState(StateStore):
                 f"operator {self.operator!r} needs key column {self.key_name!r}; the batch has "
                 f"columns {', '.join(cols)}"
             )
-        keys = frame[self.key_name].tolist()
+        column = frame[self.key_name]
+        keys = column.tolist()
         states, func = self.states, self.func
-        self._index_keys(self._new_keys(keys, groups))
+        self._index_keys(self._new_keys(column, keys, groups))
         rows = zip(*[_py_values(frame[c]) for c in frame.columns])
         outs: list = []
         append = outs.append

@@ -49,8 +49,11 @@ class _Exchange:
     def add_peer(self, index: int, chan: OutChannel) -> None:
         self.chans[index] = chan
 
-    def remove_peer(self, index: int) -> OutChannel | None:
-        return self.chans.pop(index, None)
+    async def remove_peer(self, index: int) -> None:
+        """Stop sending to instance ``index``; return once nothing is in flight to it."""
+        ch = self.chans.pop(index, None)
+        if ch is not None:
+            await ch.drain()
 
     async def end(self) -> None:
         """End of stream on every channel."""
@@ -101,14 +104,15 @@ class KeyedRouter(_Exchange):
         self.routed: np.ndarray | None = None          # records sent per instance, once any
 
     # -- the epoch protocol, router side ------------------------------------------------------
-    async def set_table(self, table: RoutingTable, prefetch: dict | None) -> float:
+    async def set_table(self, table: RoutingTable, prefetch: dict | None) -> tuple[float, bool]:
         """Switch to ``table`` at a batch boundary and put marker(epoch) on every channel;
-        returns when the switch happened. ``prefetch`` (lazy epochs): key group -> old owner."""
+        returns when the switch happened and whether markers went out. ``prefetch`` (lazy
+        epochs): key group -> old owner."""
         if prefetch is None and self._only_adds_helpers(table):
             # nobody waits for this epoch's marker, and a batch routes by the table it read
             # when it began: switch now, not after a batch stalled on credits
             self.table = table
-            return time.time()
+            return time.time(), False
         async with self.lock:
             self.table = table
             switched = time.time()
@@ -116,10 +120,11 @@ class KeyedRouter(_Exchange):
                 table.epoch, {int(g): int(o) for g, o in prefetch.items()}, self.key_groups,
                 table.owners[np.fromiter(prefetch, np.int64, len(prefetch))].tolist(),
                 self.lazy_asked) if prefetch else None
-            if not self.ended:          # after the end of stream no record follows anyway
+            marked = not self.ended     # after the end of stream no record follows anyway
+            if marked:
                 for ch in self.chans.values():
                     await ch.send(Marker(table.epoch))
-        return switched
+        return switched, marked
 
     def _only_adds_helpers(self, table: RoutingTable) -> bool:
         """``table`` differs from the one in force only by new helpers of split keys: no key
@@ -199,8 +204,7 @@ class KeyedRouter(_Exchange):
             # the balancer's load per key group is counted here, where groups are known, and
             # the records sent to each instance by the table in force for each batch
             self.counts += np.bincount(groups, minlength=self.key_groups)
-            sent = np.bincount(dest, minlength=self.table.parallelism)
-            self.routed = sent if self.routed is None else self.routed + sent
+            self.routed = _add(self.routed, np.bincount(dest, minlength=self.table.parallelism))
         if len(self.chans) == 1:
             await self.chans[0].send(Batch(x, emitted, groups))
             return
@@ -230,6 +234,14 @@ class KeyedRouter(_Exchange):
         if self.hot is not None:
             self.hot.clear()
         return out
+
+
+def _add(total: np.ndarray | None, counts: np.ndarray) -> np.ndarray:
+    """``total + counts``, the shorter padded with zeros (instances may come and go)."""
+    if total is None:
+        return counts
+    n = max(len(total), len(counts))
+    return np.pad(total, (0, n - len(total))) + np.pad(counts, (0, n - len(counts)))
 
 
 def make_exchange(spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel], table: RoutingTable | None,

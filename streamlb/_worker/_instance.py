@@ -46,8 +46,7 @@ class Instance:
         self.status = "created"
         self.error: BaseException | None = None
         self.started_at = self.finished_at = None
-        self.records_in = self.records_out = 0
-        self.finishing = self.eos_sent = False
+        self.records_in, self.records_out, self.finishing, self.eos_sent = 0, 0, False, False
         self.peer_ends: set[int] = set()
         self.tasks = Tasks(self._fail)
         self._wake = asyncio.Event()
@@ -74,8 +73,7 @@ class Instance:
     # -- wiring and lifecycle -------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
                       exchanges: dict, siblings: list[tuple[str, str]], report: bool = False) -> str:
-        """Wire the channels to every downstream instance (``outputs``: stage id -> (address,
-        actor key) per instance) and to the siblings; ``report``: send load reports."""
+        """Channels to each downstream stage's instances (address, actor key) and to the siblings."""
         from distributed import get_worker
 
         self.worker = get_worker()
@@ -84,9 +82,10 @@ class Instance:
         self.combines = self.stage.kind == "aggregate" and len(siblings) > 1
         self.meter.report = report and self.store is not None
         for target, peers in outputs.items():
-            self.exchanges[target] = make_exchange(
-                exchanges[target], self.stage.name, {i: self._channel(a, k) for i, (a, k) in enumerate(peers)},
-                tables.get(target), index=self.index, dead=self.dead, spawn=self.tasks.spawn, lazy_asked=self._lazy_asked)
+            chans = {i: self._channel(a, k) for i, (a, k) in enumerate(peers)}
+            self.exchanges[target] = make_exchange(exchanges[target], self.stage.name, chans, tables.get(target),
+                                                   index=self.index, dead=self.dead, spawn=self.tasks.spawn,
+                                                   lazy_asked=self._lazy_asked)
         self.meter.routers = {t: x for t, x in self.exchanges.items() if isinstance(x, KeyedRouter)}
         self.status = "ready"
         return self.worker.address
@@ -101,9 +100,7 @@ class Instance:
 
     async def remove_peer(self, target: int, index: int) -> None:
         """Instance ``index`` of stage ``target`` retired: wait for what is in flight to it."""
-        ch = self.exchanges[target].remove_peer(index)
-        if ch is not None:
-            await ch.drain()
+        await self.exchanges[target].remove_peer(index)
 
     async def start(self, epoch0: float | None = None) -> None:
         self.started_at = time.time()
@@ -155,7 +152,7 @@ class Instance:
         if self.status in _ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
             raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
-                                f"{type(env.msg).__name__} from instance {env.sender} (message {env.seq})")
+                                f"{env.msg.kind!r} from instance {env.sender} (message {env.seq})")
         await self._enqueue(self.ctl, env, "sibling")
 
     async def _enqueue(self, inbox: Inbox, env: Envelope, what: str) -> None:
@@ -258,8 +255,8 @@ class Instance:
     async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
                         flush: bool = False) -> float:
         """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
-        switched = await self.exchanges[target].set_table(table, prefetch)
-        if flush and self.source is not None:
+        switched, marked = await self.exchanges[target].set_table(table, prefetch)
+        if flush and marked and self.source is not None:
             self.source.flush_due.set()
         return switched
 
@@ -279,26 +276,28 @@ class Instance:
         self.owner.abort(epoch)
         self._wake.set()        # a finishing owner may have been waiting only for this epoch
 
-    def forget(self, epoch: int, target: int | None = None) -> None:
-        self.owner.forget(epoch)
-        if target is not None:
+    async def forget(self, epoch: int, target: int | None = None) -> None:
+        """``epoch`` is recorded: drop it as an owner or, with ``target``, as that stage's router."""
+        if target is None:
+            self.owner.forget(epoch)
+        else:
             self.exchanges[target].forget(epoch)
 
     async def wait_epoch(self, epoch: int, wait: float) -> dict:
         """:meth:`epochs`, once ``epoch`` is done here or after ``wait`` seconds."""
         await self.owner.wait_done(epoch, wait)
-        return self.epochs()
+        return await self.epochs()
 
-    def epochs(self) -> dict:
+    async def epochs(self) -> dict:
         return {**self.owner.status(), "status": self.status}
 
-    async def pause(self) -> None:
+    async def pause(self) -> None:      # the pause-and-resume baseline: sources hold back
         self.source.gate.clear()
 
     async def resume(self) -> None:
         self.source.gate.set()
 
-    def idle(self) -> bool:
+    async def idle(self) -> bool:
         """Nothing queued, held or in flight from this instance."""
         return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
 
@@ -313,7 +312,8 @@ class Instance:
         return list(self.meter.rows)
 
     def key_kind(self) -> str | None:
-        return self.store.key_kind() if self.store is not None else None
+        """dtype kind of the keys of an aggregate (split keys must match it); None before any."""
+        return self.store.key_kind() if self.stage.kind == "aggregate" else None
 
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0
@@ -323,8 +323,7 @@ class Instance:
         return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
 
     async def state(self) -> pd.DataFrame:
-        """The keyed state held here, once no merging lazy move is half done here (so the
-        instances' frames together count every record once)."""
+        """The keyed state held here, once no merging lazy move is half done (no key counted twice)."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
         await self.owner.merged(config.seconds("migration.timeout"), lambda: self.status == "running")

@@ -57,6 +57,8 @@ class EndOfStream:
 class Install:
     """The state of whole key groups, cut by their old owner in ``epoch``."""
 
+    kind = "install"      # the name errors give it
+
     epoch: int
     groups: list[int]
     blob: dict
@@ -66,6 +68,8 @@ class Install:
 class InstallKeys:
     """Lazy: the state of single keys the routers asked ``src`` for; ``requests`` lists
     the (router, request number) pairs it serves."""
+
+    kind = "install_keys"      # the name errors give it
 
     epoch: int
     src: int
@@ -77,6 +81,8 @@ class InstallKeys:
 class Partial:
     """A helper's partial aggregate of split keys, for their home to merge."""
 
+    kind = "combine"      # the name errors give it
+
     blob: dict
     emitted: float
 
@@ -85,6 +91,8 @@ class Partial:
 class PeerEnd:
     """Sibling ``sender`` sends no more partial aggregates."""
 
+    kind = "peer_eos"      # the name errors give it
+
     sender: int
 
 
@@ -92,6 +100,8 @@ class PeerEnd:
 class Barrier:
     """Orders nothing by itself: it returns once every control message the sender sent
     this owner before it is applied (a split key's helper flushing its partials)."""
+
+    kind = "barrier"      # the name errors give it
 
     epoch: int
 

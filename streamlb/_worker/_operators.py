@@ -28,6 +28,10 @@ class OperatorLogic:
         self.stage = ctx.stage
         self.store = ctx.store
 
+    def accept(self, frame: pd.DataFrame, groups):
+        """The rows the operator takes (the rest go to the dead letters), with their groups."""
+        return frame, groups
+
     def output(self, frame: pd.DataFrame, groups) -> pd.DataFrame | None:
         """Apply ``frame`` (rows with their key groups) to the operator; what it emits."""
         return frame
@@ -39,6 +43,7 @@ class OperatorLogic:
         n = len(frame)
         ctx.meter.blocked = 0.0
         t1 = time.perf_counter()
+        frame, groups = self.accept(frame, groups)
         out = self.output(frame, groups)
         t1 = await ctx.cost.serve(self.cost_of(frame, n), t1, more=bool(ctx.inbox))
         applied = time.time()
@@ -137,7 +142,7 @@ class Aggregate(_Keyed):
     """count / sum / min / max / mean per key; rows of split keys routed here as a helper
     are aggregated for their homes (``on_partials``) and merged there (``on_combine``)."""
 
-    def _clean(self, frame: pd.DataFrame, groups):
+    def accept(self, frame: pd.DataFrame, groups):
         """Rows whose summed columns are not numbers go to the dead letters."""
         cleaned, bad, reasons = self.store.clean(frame)
         if bad is None:
@@ -146,7 +151,6 @@ class Aggregate(_Keyed):
         return cleaned[~bad], (groups[~bad] if groups is not None else None)
 
     def output(self, frame: pd.DataFrame, groups) -> pd.DataFrame | None:
-        frame, groups = self._clean(frame, groups)
         touched = self.store.update(frame, groups)
         return self.store.frame(touched) if self.stage.children else None
 
@@ -159,7 +163,7 @@ class Aggregate(_Keyed):
         t1 = time.perf_counter()
         n, secs = 0, 0.0
         for home, rows, groups in partials:
-            rows, groups = self._clean(rows, groups)
+            rows, groups = self.accept(rows, groups)
             if len(rows):
                 n += len(rows)
                 secs += self.cost_of(rows, len(rows))
