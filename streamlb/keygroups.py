@@ -90,10 +90,11 @@ def stable_hash(keys, *, name: str = "key") -> np.ndarray:
     )
 
 
-def assign_to_key_group(keys, key_groups: int, *, name: str = "key") -> np.ndarray:
-    """Key group of each key: ``stable_hash(key) % key_groups`` as int64."""
+def assign_to_key_group(keys, key_groups: int, *, name: str = "key", dtype=np.int64) -> np.ndarray:
+    """Key group of each key: ``stable_hash(key) % key_groups``, as int64 or the integer
+    ``dtype`` given (a router sends the smallest that holds ``key_groups - 1``)."""
     check_key_groups(key_groups)
-    return (stable_hash(keys, name=name) % np.uint64(key_groups)).astype(np.int64)
+    return (stable_hash(keys, name=name) % np.uint64(key_groups)).astype(dtype)
 
 
 def check_key_groups(key_groups: int) -> None:

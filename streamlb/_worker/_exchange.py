@@ -96,6 +96,8 @@ class KeyedRouter(_Exchange):
         self.index = index                             # this router's instance number
         self.table = table
         self.key_groups = table.key_groups
+        # groups travel with every batch: in the smallest dtype that holds them
+        self.group_dtype = np.min_scalar_type(self.key_groups - 1) if self.key_groups <= 1 << 16 else np.int64
         self.dead, self.spawn, self.lazy_asked = dead, spawn, lazy_asked
         self.prefetch: Prefetch | None = None
         self.spread_at: dict = {}                      # rows sent per split key and instance
@@ -185,7 +187,7 @@ class KeyedRouter(_Exchange):
         return x, keys
 
     async def _route(self, x: pd.DataFrame, keys: np.ndarray, emitted: float) -> None:
-        groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name)
+        groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name, dtype=self.group_dtype)
         table = self.table
         partial = None
         if table.splits:
