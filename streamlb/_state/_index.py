@@ -89,8 +89,8 @@ class _KeyIndex:
             if groups is None:
                 self.key_groups[old:n] = assign_to_key_group(added, n_groups, name=key_name)
             else:
-                new_rows = labels >= old
-                self.key_groups[labels[new_rows]] = groups[new_rows]
+                rows = np.flatnonzero(labels >= old)      # rows of new keys (one pass, not two)
+                self.key_groups[labels[rows]] = groups[rows]
             self.n = n
         return labels
 
