@@ -120,9 +120,11 @@ class _AggShard:
     def _mark_live(self, slots: np.ndarray, old_n: int) -> None:
         """``slots`` hold state now: the new ones (from ``old_n``) and dead ones revived (a
         key cut away and given state here again)."""
-        back = slots[slots < old_n]
-        back = back[~self.present[back]]
-        self.present[slots] = True
+        # most slots of a batch hold state already: look at the few that do not (new or
+        # revived), rather than gather and scatter every slot of the batch
+        fresh = slots[~self.present[slots]]
+        back = fresh[fresh < old_n]
+        self.present[fresh] = True
         if old_n < self.index.n:
             self.held += self._count(np.arange(old_n, self.index.n))
         if len(back):
