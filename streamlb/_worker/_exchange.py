@@ -207,8 +207,9 @@ class KeyedRouter(_Exchange):
             # the records sent to each instance by the table in force for each batch
             self.counts += np.bincount(groups, minlength=self.key_groups)
             self.routed = _add(self.routed, np.bincount(dest, minlength=self.table.parallelism))
-        if len(self.chans) == 1:
-            await self.chans[0].send(Batch(x, emitted, groups))
+        if len(self.chans) == 1:             # every row goes to the one instance
+            (ch,) = self.chans.values()
+            await ch.send(Batch(x, emitted, groups))
             return
         for i, ch in self.chans.items():
             need = pf.need(i) if pf is not None else None
@@ -242,6 +243,9 @@ def _add(total: np.ndarray | None, counts: np.ndarray) -> np.ndarray:
     """``total + counts``, the shorter padded with zeros (instances may come and go)."""
     if total is None:
         return counts
+    if len(total) == len(counts):
+        total += counts
+        return total
     n = max(len(total), len(counts))
     return np.pad(total, (0, n - len(total))) + np.pad(counts, (0, n - len(counts)))
 
