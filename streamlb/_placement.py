@@ -21,13 +21,19 @@ def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int,
 
 
 def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], workers: list[str], *,
-                     upstream: int, key_groups: int, window: float, credits: int) -> dict[Key, object]:
+                     upstream, key_groups: int, window: float, credits: int,
+                     where: dict[int, str] | None = None, run: int = 0) -> dict[Key, object]:
     """Create the actors of instances ``indices`` of ``stage``, each on its worker.
 
     Parameters
     ----------
-    upstream : int
-        Instances of the upstream stage (0 for a source): the senders each instance hears.
+    upstream : int or dict
+        Instances of the upstream stage (0 for a source): the senders each instance hears;
+        or their run ids by index.
+    where : dict, optional
+        The worker of each instance (default: :func:`place` over ``workers``).
+    run : int
+        The incarnation of the instances (a replacement has a higher run than its actor).
 
     Returns
     -------
@@ -43,11 +49,12 @@ def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], 
             window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
             lazy_delay=config.get("migration.lazy-delay"),
             lazy_pace=config.get("migration.lazy-pace"),
-            lazy_asked=config.get("migration.lazy-asked-keys"),
+            lazy_asked=config.get("migration.lazy-asked-keys"), run=run,
             actor=True, workers=[w],
-            allow_other_workers=False, pure=False, key=f"streamlb-{job_id}-{stage.id}-{i}",
+            allow_other_workers=False, pure=False,
+            key=f"streamlb-{job_id}-{stage.id}-{i}" + (f"-r{run}" if run else ""),
         )
-        for i, w in place(stage, indices, workers).items()
+        for i, w in (where if where is not None else place(stage, indices, workers)).items()
     }
 
 
@@ -72,13 +79,18 @@ def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0
     }
 
 
-def peers(actors: dict, stage: Stage) -> list[tuple[str, str]]:
-    """``(worker address, actor key)`` of every instance of ``stage``, by index."""
-    return [(actors[(stage.id, i)]._address, actors[(stage.id, i)].key) for i in range(stage.parallelism)]
+def peers(actors: dict, stage: Stage, runs: dict | None = None) -> list[tuple]:
+    """``(worker address, actor key)`` of every instance of ``stage``, by index; with
+    ``runs`` (``(stage id, index) -> run``), ``(address, key, run)``."""
+    out = []
+    for i in range(stage.parallelism):
+        a = actors[(stage.id, i)]
+        out.append((a._address, a.key) if runs is None else (a._address, a.key, runs.get((stage.id, i), 0)))
+    return out
 
 
 def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, report: bool,
-         keys: Iterable[Key] | None = None) -> dict[Key, str]:
+         keys: Iterable[Key] | None = None, runs: dict | None = None) -> dict[Key, str]:
     """Connect instances ``keys`` (default: every actor) to the instances of their
     downstream stages and to their siblings.
 
@@ -104,8 +116,9 @@ def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, re
     calls = []
     for sid, i in keys:
         outs = {d: by_stage[d] for d in downstream[sid]}
+        siblings = peers(actors, next(st for st in stages if st.id == sid), runs or {})
         calls.append(actors[(sid, i)].connect(outs, {d: tables[d] for d in outs if d in tables},
-                                              exchanges, by_stage[sid], report))
+                                              exchanges, siblings, report))
     return dict(zip(keys, [c.result() for c in calls]))
 
 

@@ -89,9 +89,20 @@ class ShuffleRouter:
         self.in_flight = np.zeros(instances, np.int64)
         self.sketches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
+    def resize(self, instances: int) -> None:
+        """Instances were added or the last ones retired (indices stay ``0..instances-1``)."""
+        n = self.n
+        self.n = instances
+        grow = max(instances - n, 0)
+        self.backlog = np.pad(self.backlog[:instances], (0, grow))
+        self.in_flight = np.pad(self.in_flight[:instances], (0, grow))
+        self.sketches = {i: s for i, s in self.sketches.items() if i < instances}
+
     # -- feedback -------------------------------------------------------------------------------
     def done(self, instance: int, cost: float, reply) -> None:
         """A batch sent to ``instance`` was processed; ``reply`` may carry its sketches."""
+        if instance >= self.n:
+            return                      # retired since
         self.backlog[instance] = max(self.backlog[instance] - cost, 0.0)
         self.in_flight[instance] -= 1
         if reply is not None:

@@ -17,6 +17,7 @@ __all__ = [
     "UserFunctionError",
     "JobFailedError",
     "MigrationError",
+    "ReconfigurationError",
 ]
 
 
@@ -78,3 +79,9 @@ class JobFailedError(StreamlbError, RuntimeError):
 class MigrationError(StreamlbError, ValueError):
     """A move of key groups was refused (bad instance or key group, job not running) or
     could not complete; the job keeps running on its current routing."""
+
+
+class ReconfigurationError(MigrationError):
+    """A rescale, move, update or worker drain was refused (bad operator, instance,
+    parallelism, worker or function, or another reconfiguration of the operator running);
+    the job runs on as it was."""

@@ -34,6 +34,7 @@ class Step:
     target: int = -1            # exchange: downstream stage id; list_sink: sink id
     path: str = ""              # parquet_sink
     children: list = field(default_factory=list)
+    name: str | None = None     # map, starmap, filter: the streamz node's name (``stream_name=``)
 
 
 @dataclass
@@ -289,7 +290,7 @@ class _Planner:
             if type(n) is cls:
                 func = _ship(getattr(n, attr), stage.name)
                 return Step(kind, func=func, args=tuple(n.args), kwargs=dict(n.kwargs),
-                            children=self.children(n, stage))
+                            children=self.children(n, stage), name=n.name)
         raise PipelineError(f"node {type(n).__name__} is not supported by streamlb; supported nodes: {SUPPORTED}")
 
     def keyed(self, kb: nodes.key_by, stage: Stage) -> Step:

@@ -130,8 +130,14 @@ class Job:
         from . import _placement
         from ._migration import open_control
 
+        from ._reconfig import Reconfigurer
+
         self.balancer = balancer
         self.migration = migration
+        self.window, self.credits, self.workers = window, credits, workers
+        self.runs: dict = {}             # (stage id, index) -> run of instances that were replaced
+        self._reconfigs: list[dict] = []
+        self._retired_metrics: list[dict] = []
 
         self.plan = plan
         self.client = client
@@ -157,13 +163,14 @@ class Job:
             st.id: RoutingTable.initial(key_groups, st.parallelism)
             for st in plan.stages if st.exchange == "keyed"
         }
-        exchanges = _placement.exchange_specs(plan.stages, balanced=balancer is not None,
-                                              hot_keys=_placement.hot_keys_for(balancer, balancer_options))
-        self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, exchanges,
+        self.exchanges = _placement.exchange_specs(plan.stages, balanced=balancer is not None,
+                                                   hot_keys=_placement.hot_keys_for(balancer, balancer_options))
+        self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, self.exchanges,
                                           report=balancer is not None)
         self._migrations = open_control(client, self.topology(), balancer=balancer, options=balancer_options,
                                         migration=migration)
         self.control = self._migrations.control
+        self.reconfig = Reconfigurer(self)
         _placement.start(self.actors, plan.stages)
         self.started_at = time.time()
 
@@ -183,11 +190,19 @@ class Job:
             r["key"] = k
             out.append(r)
         for r in out:
-            for sid, items in r["lists"].items():
-                self.plan.list_sinks[sid].extend(items)
-            self._dead.extend(r["dead_letters"])
+            self._take_outputs(r)
         self._last = out
         return out
+
+    def _take_outputs(self, r: dict) -> None:
+        for sid, items in r["lists"].items():
+            self.plan.list_sinks[sid].extend(items)
+        self._dead.extend(r["dead_letters"])
+
+    def _absorb_retired(self, key, last: dict) -> None:
+        """The last poll of a retired actor: its outputs and metrics are the job's."""
+        self._take_outputs(last)
+        self._retired_metrics.extend(last.get("metrics", ()))
 
     def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
         """Block until every instance finished; raise the first failure.
@@ -331,8 +346,61 @@ class Job:
 
     @property
     def history(self) -> list[dict]:
-        """Completed migration epochs: operator, epoch, strategy, key groups, from, to, times."""
-        return list(self._migrations.history())
+        """Completed migration epochs (operator, epoch, strategy, key groups, from, to,
+        times) and reconfigurations (``kind`` rescale, move, update or autoscale), oldest first."""
+        moves = list(self._migrations.history())
+        if not self._reconfigs:
+            return moves
+        return sorted(moves + self._reconfigs, key=lambda e: e["completed"])
+
+    # -- live reconfiguration (see streamlb._reconfig and docs/reconfiguration.md) -------------------
+    def parallelism(self, operator: str) -> int:
+        """How many instances ``operator`` runs as now."""
+        return self.plan.stage(operator).parallelism
+
+    def rescale(self, operator: str, parallelism: int, strategy: str | None = None,
+                workers: list[str] | None = None) -> int:
+        """Change the number of instances of ``operator`` while the job runs.
+
+        Parameters
+        ----------
+        operator : str
+            An ``aggregate``, a ``stateful_map`` or the stage behind a ``rebalance``.
+        parallelism : int
+            The new count, in ``1..G`` (key groups stay fixed).
+        strategy : str, optional
+            How key groups move onto new instances (or off retiring ones): ``lazy`` (setting
+            ``streamlb.reconfiguration.strategy``), ``fluid``, ``all-at-once`` or ``pause``.
+        workers : list of str, optional
+            Worker addresses for the new instances, in turn; default the workers holding
+            fewest of the job's instances (workers that joined after the start included).
+
+        Returns
+        -------
+        int
+            The parallelism now in force: the new routing is in force when this returns.
+
+        Raises
+        ------
+        ReconfigurationError
+            Naming the operator, the bad value or the worker; the job runs on unchanged.
+        """
+        rec = self.reconfig.rescale(operator, parallelism, strategy, workers)
+        self._reconfigs.append(rec)
+        return self.parallelism(operator)
+
+    def move_instance(self, operator: str, instance: int, worker: str) -> None:
+        """Move instance ``instance`` of ``operator`` (its state and its role; the instance
+        number stays) to a new actor on ``worker``, while the job runs: only the rows of
+        that instance wait while its state is handed over."""
+        self._reconfigs.append(self.reconfig.move_instance(operator, instance, worker))
+
+    def update(self, operator: str, func) -> None:
+        """Replace the function of a ``stateful_map`` (by operator name) or of a fused
+        ``map``/``starmap``/``filter`` (by its streamz ``stream_name=``) at an epoch boundary:
+        records each router sent before its marker see the old function, later ones the
+        new one; state is kept."""
+        self._reconfigs.append(self.reconfig.update(operator, func))
 
     def migrate(self, operator: str, key_groups, to_instance: int, strategy: str | None = None) -> RoutingTable:
         """Move ``key_groups`` of ``operator`` to ``to_instance`` while the job runs.
@@ -453,7 +521,7 @@ class Job:
     def metrics(self) -> pd.DataFrame:
         """One row per instance per load window (see ``METRIC_COLUMNS``)."""
         rows = [r for f in [a.metrics() for a in self.actors.values()] for r in f.result()]
-        return pd.DataFrame(rows, columns=METRIC_COLUMNS)
+        return pd.DataFrame(self._retired_metrics + rows, columns=METRIC_COLUMNS)
 
     def summary(self) -> dict:
         """Records read, wall seconds from the first source start to the last finish,

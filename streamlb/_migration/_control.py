@@ -42,6 +42,7 @@ class OperatorControl:
         self.routers = [tuple(p) for p in routers]
         self.table = table
         self.in_flight = False
+        self.reconfiguring = False      # held by a rescale, move or update: no balancer move
         self.last_completed = 0.0
         self.moved_at: dict[int, int] = {}             # key group -> epoch it last moved in
         self.unsettled: dict[int, tuple[list, list]] = {}   # epoch that timed out -> (groups, instances)
@@ -81,6 +82,45 @@ class JobControl:
         }
         self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}
         self.history: list[dict] = []
+
+    async def hold(self, names) -> None:
+        """Reserve keyed operators ``names`` for a reconfiguration: wait for the migration in
+        flight on each to end; the balancer leaves them alone until :meth:`release`."""
+        self.hold_sync(names)
+        for op in [self.operator(n) for n in names]:
+            async with op.lock:
+                pass
+
+    def hold_sync(self, names) -> None:
+        """:meth:`hold` where no migration runs in this copy (the plugin's copy runs them)."""
+        ops = [self.operator(n) for n in names]
+        busy = [op.name for op in ops if op.reconfiguring]
+        if busy:
+            raise MigrationError(f"operator {busy[0]!r} of job {self.job} is already being reconfigured; "
+                                 "wait for that to finish")
+        for op in ops:
+            op.reconfiguring = True
+
+    def release(self, names) -> None:
+        for n in names:
+            if n in self.operators:
+                self.operators[n].reconfiguring = False
+                self.operators[n].last_completed = time.time()
+
+    def update_topology(self, topology: dict) -> None:
+        """Instances were added, moved or retired: new peers, same tables (their
+        parallelism follows the owners)."""
+        self.sources = [tuple(p) for p in topology["sources"]]
+        self.instances = [tuple(p) for p in topology["instances"]]
+        for name, t in topology["operators"].items():
+            op = self.operators[name]
+            op.owners = [tuple(p) for p in t["owners"]]
+            op.routers = [tuple(p) for p in t["routers"]]
+            old = op.table
+            op.table = RoutingTable(old.owners, len(op.owners), old.epoch, splits=old.splits)
+
+    def set_table(self, name: str, table: RoutingTable) -> None:
+        self.operator(name).table = table
 
     def operator(self, name: str) -> OperatorControl:
         if name not in self.operators:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from .. import config
 from ..exceptions import PipelineError
 from ..routing import RoutingTable
-from ._control import JobControl, actor_caller, table_from_state
+from ._control import JobControl, actor_caller, table_from_state, table_state
 from ._epochs import migrate
 from ._plugin import ensure_plugin
 from ._reports import unpack_trace
@@ -40,8 +40,26 @@ class Control(ABC):
         """Completed epochs, oldest first."""
 
     @abstractmethod
-    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
-        """Give each key group of ``assignment`` to its instance; the table once done."""
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str,
+                 reconfig: bool = False) -> RoutingTable:
+        """Give each key group of ``assignment`` to its instance; the table once done.
+        ``reconfig``: a move of a reconfiguration that holds the operator."""
+
+    @abstractmethod
+    def hold(self, operators: list[str]) -> None:
+        """Reserve keyed ``operators`` for a reconfiguration (see ``JobControl.hold``)."""
+
+    @abstractmethod
+    def release(self, operators: list[str]) -> None:
+        """End the reconfiguration of ``operators``."""
+
+    @abstractmethod
+    def update_topology(self, topology: dict) -> None:
+        """Instances were added, moved or retired."""
+
+    @abstractmethod
+    def set_table(self, operator: str, table: RoutingTable) -> None:
+        """Routers switched to ``table`` outside a migration (an update's epoch)."""
 
     @abstractmethod
     def split(self, operator: str, changes: dict) -> RoutingTable:
@@ -72,11 +90,25 @@ class DriverControl(Control):
     def history(self) -> list[dict]:
         return self.control.history
 
-    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str,
+                 reconfig: bool = False) -> RoutingTable:
         return self.client.sync(
             migrate, self.control, self._call, operator, assignment, strategy,
             fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
+            reconfig=reconfig,
         )
+
+    def hold(self, operators: list[str]) -> None:
+        self.client.sync(self.control.hold, operators)
+
+    def release(self, operators: list[str]) -> None:
+        self.control.release(operators)
+
+    def update_topology(self, topology: dict) -> None:
+        self.control.update_topology(topology)
+
+    def set_table(self, operator: str, table: RoutingTable) -> None:
+        self.control.set_table(operator, table)
 
     def split(self, operator: str, changes: dict) -> RoutingTable:
         return self.client.sync(split, self.control, self._call, operator, changes,
@@ -117,10 +149,28 @@ class PluginControl(Control):
             self._history = self._ask("streamlb_history")
         return self._history
 
-    def reassign(self, operator: str, assignment: dict[int, int], strategy: str) -> RoutingTable:
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str,
+                 reconfig: bool = False) -> RoutingTable:
         state = self._ask("streamlb_migrate", operator=operator,
-                          assignment=[[g, to] for g, to in assignment.items()], strategy=strategy)
+                          assignment=[[g, to] for g, to in assignment.items()], strategy=strategy,
+                          reconfig=reconfig)
         return self._table(operator, state)
+
+    def hold(self, operators: list[str]) -> None:
+        self.control.hold_sync(operators)       # the driver's copy checks the names
+        self._ask("streamlb_hold", operators=operators)
+
+    def release(self, operators: list[str]) -> None:
+        self.control.release(operators)
+        self._ask("streamlb_release", operators=operators)
+
+    def update_topology(self, topology: dict) -> None:
+        self.control.update_topology(topology)
+        self._ask("streamlb_topology", topology=topology)
+
+    def set_table(self, operator: str, table: RoutingTable) -> None:
+        self.control.set_table(operator, table)
+        self._ask("streamlb_set_table", operator=operator, table=table_state(table))
 
     def split(self, operator: str, changes: dict) -> RoutingTable:
         state = self._ask("streamlb_split", operator=operator, changes=[[k, list(h)] for k, h in changes.items()])

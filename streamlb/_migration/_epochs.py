@@ -36,10 +36,14 @@ def check_strategy(strategy: str) -> str:
 
 
 async def migrate(ctl: JobControl, call: Call, operator: str, assignment: dict[int, int], strategy: str,
-                  *, fluid_step: int, timeout: float) -> RoutingTable:
-    """Move each key group of ``assignment`` to its new owner, one epoch per step."""
+                  *, fluid_step: int, timeout: float, reconfig: bool = False) -> RoutingTable:
+    """Move each key group of ``assignment`` to its new owner, one epoch per step.
+    ``reconfig``: the move of a reconfiguration that holds the operator."""
     check_strategy(strategy)
     op = ctl.operator(operator)
+    if op.reconfiguring and not reconfig:
+        raise MigrationError(f"operator {operator!r} of job {ctl.job} is being reconfigured (rescale, move or "
+                             "update); move key groups once that finished")
     async with op.running():
         await check_settled(op, call, assignment)
         moving = [(g, to) for g, to in sorted(assignment.items()) if op.table.owners[g] != to]

@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
 from ..balancer import check_plan, complete_plan, get_balancer
-from ._control import JobControl, actor_caller, table_state
+from ._control import JobControl, actor_caller, table_from_state, table_state
 from ._epochs import check_strategy, migrate
 from ._reports import Window, pack_trace, plan_actions, report_entry
 from ._split import split
@@ -99,6 +99,10 @@ class BalancerPlugin(SchedulerPlugin):
             "streamlb_history": self.history_handler,
             "streamlb_state": self.state_handler,
             "streamlb_trace": self.trace_handler,
+            "streamlb_hold": self.hold_handler,
+            "streamlb_release": self.release_handler,
+            "streamlb_topology": self.topology_handler,
+            "streamlb_set_table": self.set_table_handler,
         })
         scheduler.stream_handlers["streamlb-load"] = self.receive_load
         app = getattr(scheduler, "http_application", None)
@@ -128,20 +132,38 @@ class BalancerPlugin(SchedulerPlugin):
             raise KeyError(f"streamlb: no job {job!r} is registered with the balancer plugin")
         return self.jobs[job]
 
-    async def _migrate(self, job: _Job, operator: str, assignment: dict, strategy: str):
+    async def _migrate(self, job: _Job, operator: str, assignment: dict, strategy: str, reconfig: bool = False):
         return await migrate(job.control, self._call, operator, assignment, strategy,
                              fluid_step=config.get("migration.fluid-step"),
-                             timeout=config.seconds("migration.timeout"))
+                             timeout=config.seconds("migration.timeout"), reconfig=reconfig)
 
     async def migrate_handler(self, job: str, operator: str, assignment: list,
-                              strategy: str | None = None) -> dict:
+                              strategy: str | None = None, reconfig: bool = False) -> dict:
         """Manual moves (``Job.migrate``/``Job.reassign``): ``assignment`` is [[group, instance]...]."""
         j = self._job(job)
         for g, to in assignment:
             j.control.validate(operator, [g], to)
         table = await self._migrate(j, operator, {int(g): int(to) for g, to in assignment},
-                                    check_strategy(strategy or j.migration))
+                                    check_strategy(strategy or j.migration), reconfig)
         return table_state(table)
+
+    # -- reconfiguration (the job's driver orders it; see streamlb._reconfig) ----------------------
+    async def hold_handler(self, job: str, operators: list) -> None:
+        await self._job(job).control.hold(operators)
+
+    def release_handler(self, job: str, operators: list) -> None:
+        self._job(job).control.release(operators)
+
+    def topology_handler(self, job: str, topology: dict) -> None:
+        self._job(job).control.update_topology(topology)
+        j = self._job(job)
+        for name in topology["operators"]:
+            j.windows.pop(name, None)       # windows half reported by the old instances
+
+    def set_table_handler(self, job: str, operator: str, table: dict) -> dict:
+        c = self._job(job).control
+        c.set_table(operator, table_from_state(table, c.operator(operator).table.parallelism))
+        return table
 
     async def split_handler(self, job: str, operator: str, changes: list) -> dict:
         """Manual splits (``Job.split``): ``changes`` is [[key, [helper...]]...]."""
@@ -196,7 +218,7 @@ class BalancerPlugin(SchedulerPlugin):
         j.load[operator] = w.instance_load()
         j.imbalance[operator].append(w.imbalance())
         j.trace[operator].append(w.trace_row())
-        if op.in_flight or time.time() - op.last_completed < self.cooldown:
+        if op.in_flight or op.reconfiguring or time.time() - op.last_completed < self.cooldown:
             return
         if w.final:
             return                      # the stream is ending: nothing left to balance

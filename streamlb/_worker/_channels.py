@@ -105,6 +105,10 @@ class Numbered:
         self.sender, self.run = sender, run
         self._seq: dict[int, int] = collections.defaultdict(int)
 
+    def reset(self, dest: int) -> None:
+        """``dest`` is a new actor: number from 0 again."""
+        self._seq.pop(dest, None)
+
     def envelope(self, dest: int, msg) -> Envelope:
         seq = self._seq[dest]
         self._seq[dest] = seq + 1

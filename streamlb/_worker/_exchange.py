@@ -46,14 +46,41 @@ class _Exchange:
         self.lock = asyncio.Lock()          # a batch, a marker or the end goes out whole
         self.ended = False
 
-    def add_peer(self, index: int, chan: OutChannel) -> None:
-        self.chans[index] = chan
+    async def add_peer(self, index: int, chan: OutChannel) -> None:
+        """A new instance ``index`` (after the end of stream, it is told at once)."""
+        async with self.lock:
+            self.chans[index] = chan
+            self.resized()
+            if self.ended:
+                await chan.send(EndOfStream())
 
     async def remove_peer(self, index: int) -> None:
         """Stop sending to instance ``index``; return once nothing is in flight to it."""
-        ch = self.chans.pop(index, None)
+        async with self.lock:
+            ch = self.chans.pop(index, None)
+            self.resized()
         if ch is not None:
             await ch.drain()
+
+    async def replace_peer(self, index: int, chan: OutChannel) -> None:
+        """Instance ``index`` moves to another actor: once everything sent to the old one
+        was applied, send to ``chan`` (nothing else goes out meanwhile)."""
+        async with self.lock:
+            old = self.chans[index]
+            await old.drain()
+            self.chans[index] = chan
+            if self.ended:
+                await chan.send(EndOfStream())
+
+    async def mark(self, epoch: int) -> None:
+        """Marker(``epoch``) on every channel, between two batches."""
+        async with self.lock:
+            if not self.ended:
+                for ch in self.chans.values():
+                    await ch.send(Marker(epoch))
+
+    def resized(self) -> None:
+        """The set of instances changed."""
 
     async def end(self) -> None:
         """End of stream on every channel."""
@@ -77,6 +104,9 @@ class ShuffleExchange(_Exchange):
         super().__init__(spec, upstream, chans)
         sh = spec.shuffle
         self.router = _shuffle.ShuffleRouter(sh["policy"], len(chans), sh["feature"], sh["group"])
+
+    def resized(self) -> None:
+        self.router.resize(len(self.chans))
 
     async def send(self, x, emitted: float) -> None:
         x = _frame_of(x, self.spec, self.upstream)

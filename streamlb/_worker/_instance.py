@@ -9,6 +9,7 @@ same worker without the deadlock that synchronous actor methods (one shared thre
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import traceback
 
@@ -27,6 +28,7 @@ from ._messages import (Barrier, Batch, EndOfStream, Envelope, Install, InstallK
                         PeerEnd)
 from ._metrics import CostServer, Metrics
 from ._operators import make_operator
+from ._reconfig import Reconfigurable
 from ._sinks import Sinks
 from ._sources import Source
 from ._steps import DeadLetters, StepRunner
@@ -35,13 +37,21 @@ from ._tasks import Tasks
 _ENDED = ("done", "failed", "stopped")
 
 
-class Instance:
-    """One parallel instance of a stage."""
+class Instance(Reconfigurable):
+    """One parallel instance of a stage.
 
-    def __init__(self, stage: Stage, index: int, upstream_instances: int, *, job: str,
+    ``upstream_instances``: how many instances of the upstream stage send here, or their
+    run ids by index (``{index: run}``) when some were replaced. ``run``: this instance's
+    incarnation: a replacement of instance ``index`` has a higher run than the actor it
+    replaces, so receivers refuse what the old one still sends.
+    """
+
+    def __init__(self, stage: Stage, index: int, upstream_instances, *, job: str,
                  key_groups: int, window: float, credits: int, lazy_step: int = 1,
-                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0) -> None:
+                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0,
+                 run: int = 0) -> None:
         self.stage, self.index, self.job, self.key_groups, self.credits = stage, index, job, key_groups, credits
+        self.run = run
         self.label = f"{stage.name}[{index}]"
         self.status = "created"
         self.error: BaseException | None = None
@@ -50,13 +60,17 @@ class Instance:
         self.peer_ends: set[int] = set()
         self.tasks = Tasks(self._fail)
         self._wake = asyncio.Event()
-        self.inbox = Inbox(range(upstream_instances), strict=True)     # data lane
+        senders = upstream_instances if isinstance(upstream_instances, dict) else dict.fromkeys(
+            range(upstream_instances), 0)
+        self.inbox = Inbox(strict=True)      # data lane
+        for j, r in senders.items():
+            self.inbox.add_sender(j, r)
         self.ctl = Inbox(strict=True)        # control lane from siblings (see connect): ahead of the data
-        self.numbered = Numbered(index)
-        self.aligner = Aligner(range(upstream_instances))
+        self.numbered = Numbered(index, run)
+        self.aligner = Aligner(senders)
         self.store = make_store(stage, key_groups)
         self.dead = DeadLetters(index)
-        self.sinks = Sinks(stage.name, stage.id, index)
+        self.sinks = Sinks(stage.name, stage.id, index, run)
         self.steps = StepRunner(stage.name, self.sinks, self._exchange)
         self.cost = CostServer()
         self.meter = Metrics(job=job, operator=stage.name, index=index, window=window, report=False,
@@ -69,17 +83,23 @@ class Instance:
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit) if stage.is_source else None
         self.exchanges: dict = {}
+        self.siblings: list[Peer] = []
+        # updates of a function (see Reconfigurable.prepare_update): epoch -> (path, func)
+        self.updates: dict = {}
+        self.updated: set[int] = set()
+        self.blocked: set[int] = set()          # senders past an update's marker
+        self.deferred: collections.deque = collections.deque()
 
     # -- wiring and lifecycle -------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
-                      exchanges: dict, siblings: list[tuple[str, str]], report: bool = False) -> str:
-        """Channels to each downstream stage's instances (address, actor key) and to the siblings."""
+                      exchanges: dict, siblings: list, report: bool = False) -> str:
+        """Channels to each downstream stage's instances (address, actor key) and to the
+        siblings (address, actor key[, run])."""
         from distributed import get_worker
 
         self.worker = get_worker()
-        self.siblings = [Peer(self.worker, a, k) for a, k in siblings]
-        self.ctl = Inbox(range(len(siblings)), strict=True)
-        self.combines = self.stage.kind == "aggregate" and len(siblings) > 1
+        self.siblings = []
+        await self.set_siblings(siblings)
         self.meter.report = report and self.store is not None
         for target, peers in outputs.items():
             chans = {i: self._channel(a, k) for i, (a, k) in enumerate(peers)}
@@ -91,16 +111,8 @@ class Instance:
         return self.worker.address
 
     def _channel(self, address: str, key: str) -> OutChannel:
-        return OutChannel(Peer(self.worker, address, key), self.index, self.credits, label=self.label,
-                          on_blocked=self.meter.add_blocked, on_error=self._fail)
-
-    async def add_peer(self, target: int, index: int, address: str, key: str) -> None:
-        """A new instance ``index`` of downstream stage ``target`` (a table routes to it later)."""
-        self.exchanges[target].add_peer(index, self._channel(address, key))
-
-    async def remove_peer(self, target: int, index: int) -> None:
-        """Instance ``index`` of stage ``target`` retired: wait for what is in flight to it."""
-        await self.exchanges[target].remove_peer(index)
+        return OutChannel(Peer(self.worker, address, key), self.index, self.credits, run=self.run,
+                          label=self.label, on_blocked=self.meter.add_blocked, on_error=self._fail)
 
     async def start(self, epoch0: float | None = None) -> None:
         self.started_at = time.time()
@@ -173,7 +185,13 @@ class Instance:
             # applying a batch rarely suspends: yield between batches, or RPC handlers (state
             # installs, key requests) and migration tasks wait until the queue runs dry
             await asyncio.sleep(0)
-            sender, msg, fut = (self.ctl or self.inbox).popleft()
+            if self.ctl:
+                sender, msg, fut = self.ctl.popleft()
+            else:
+                sender, msg, fut = self.inbox.popleft()
+                if self.blocked and self.defers(sender):    # past an update's marker
+                    self.deferred.append((sender, msg, fut))
+                    continue
             held = False
             try:
                 held = await self._dispatch(sender, msg, fut)
@@ -193,15 +211,12 @@ class Instance:
             case Batch():
                 return await self._on_batch(sender, msg, fut)
             case Marker(epoch=epoch):
+                if epoch in self.updates:       # its rows wait until every sender is past it
+                    self.blocked.add(sender)
                 self.aligner.marker(sender, epoch)
             case EndOfStream():
                 self.aligner.end(sender)
-                if self.aligner.ended_all and not self.finishing:
-                    self.finishing = True
-                    if self.combines:      # numbered after every partial sent to each sibling
-                        for j in range(len(self.siblings)):
-                            if j != self.index:
-                                self.tasks.spawn(self.send_control(j, PeerEnd(self.index)))
+                self._inputs_changed()
             case Install():
                 await self.owner.install(msg)
             case InstallKeys():
@@ -215,6 +230,16 @@ class Instance:
             case _:
                 raise StreamlbError(f"instance {self.label} got an unknown message {type(msg).__name__}")
         return False
+
+    def _inputs_changed(self) -> None:
+        """A sender ended or was removed: once every sender has ended, finish."""
+        if self.aligner.ended_all and not self.finishing:
+            self.finishing = True
+            if self.combines:      # numbered after every partial sent to each sibling
+                for j in range(len(self.siblings)):
+                    if j != self.index:
+                        self.tasks.spawn(self.send_control(j, PeerEnd(self.index)))
+            self._wake.set()
 
     async def _on_batch(self, sender: int, msg: Batch, fut) -> bool:
         frame, groups = msg.frame, msg.groups

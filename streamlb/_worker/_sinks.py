@@ -14,8 +14,9 @@ class Sinks:
     writers of one instance (files staged under ``<path>/_temporary`` until the job
     commits them)."""
 
-    def __init__(self, operator: str, stage_id: int, index: int) -> None:
+    def __init__(self, operator: str, stage_id: int, index: int, run: int = 0) -> None:
         self.operator, self.stage_id, self.index = operator, stage_id, index
+        self.part = f"part-{stage_id:03d}-{index:04d}" + (f"-r{run}" if run else "")   # a replacement writes its own file
         self.lists: dict[int, list] = collections.defaultdict(list)
         self._writers: dict[str, object] = {}
         self._files: dict[str, str] = {}
@@ -41,7 +42,7 @@ class Sinks:
         if w is None:
             tmp = os.path.join(path, "_temporary")
             os.makedirs(tmp, exist_ok=True)
-            fn = os.path.join(tmp, f"part-{self.stage_id:03d}-{self.index:04d}.parquet")
+            fn = os.path.join(tmp, f"{self.part}.parquet")
             w = self._writers[path] = pq.ParquetWriter(fn, table.schema)
             self._files[path] = fn
         try:
