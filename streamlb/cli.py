@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 import warnings
 
 
@@ -21,12 +23,12 @@ def _prepare(args) -> int:
     return 0
 
 
-def _demo(args) -> int:
-    import numpy as np
-    import pandas as pd
-    from streamz import Stream
+DEMO_SPEC = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
 
-    import streamlb
+
+def _demo_input(args):
+    """The demo's dataset (prepared with PySpark if absent) and its pandas ground truth."""
+    import pandas as pd
 
     from . import datasets
 
@@ -39,24 +41,44 @@ def _demo(args) -> int:
     p = man["params"]
     print(f"input: {man['rows']:,} rows, {len(man['files'])} files, Zipf s={p.get('skew')} over "
           f"{p.get('keys'):,} keys, hot keys rotating every {p.get('drift_every') or 0:,} records")
-    spec = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
-    truth = pd.read_parquet(path, columns=["key", "value"]).groupby("key").agg(**spec)
+    truth = pd.read_parquet(path, columns=["key", "value"]).groupby("key").agg(**DEMO_SPEC)
+    return path, man, truth
+
+
+def _exact(state, truth) -> bool:
+    """Whether the demo's final state equals pandas' (sums to within float rounding)."""
+    import numpy as np
+
+    return (state.index.equals(truth.index)
+            and np.array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
+            and np.allclose(state["sum"].to_numpy(), truth["sum"].to_numpy(), rtol=1e-12, atol=0)
+            and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
+
+
+def _demo(args) -> int:
+    import pandas as pd
+    from streamz import Stream
+
+    import streamlb
+
+    if args.rescale:
+        return _demo_rescale(args)
+    path, _, truth = _demo_input(args)
+    spec = DEMO_SPEC
+    rate = args.rate or 400_000
 
     results, ok = {}, True
     for balancer in args.balancers:
-        src = Stream.from_parquet(path, rate=args.rate, batch_size=args.batch_size, event_time="event_time")
+        src = Stream.from_parquet(path, rate=rate, batch_size=args.batch_size, event_time="event_time")
         src.key_by("key").aggregate(spec, name="totals", parallelism=args.parallelism)
         with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256,
                           balancer=balancer, migration=args.migration) as job:
             print(f"\n[{balancer}] {args.parallelism} instances on an embedded Dask cluster of "
                   f"{len(job.client.scheduler_info()['workers'])} worker processes, "
-                  f"open-loop source at {args.rate:,.0f} records/s ...")
+                  f"open-loop source at {rate:,.0f} records/s ...")
             job.wait(progress=True)
             summary, state, m, moves = job.summary(), job.state("totals"), job.metrics(), job.history
-        same = (state.index.equals(truth.index)
-                and np.array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
-                and np.allclose(state["sum"].to_numpy(), truth["sum"].to_numpy(), rtol=1e-12, atol=0)
-                and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
+        same = _exact(state, truth)
         ok &= same
         ops = m[m.operator == "totals"]
         per_window = ops.pivot_table(index="window_start", columns="instance", values="records", aggfunc="sum")
@@ -77,8 +99,9 @@ def _demo(args) -> int:
 
     table = pd.DataFrame({b: {k: v for k, v in r.items() if not k.startswith("_")} for b, r in results.items()})
     print("\n" + table.to_string(float_format=lambda v: f"{v:.2f}"))
-    _plot(results, args.plot)
-    print(f"\nplot of per-instance load over time: {args.plot}")
+    plot = args.plot or "streamlb-data/demo-load.png"
+    _plot(results, plot)
+    print(f"\nplot of per-instance load over time: {plot}")
     if not ok:
         print("FAILED: a final state differs from pandas over the same files", file=sys.stderr)
         return 1
@@ -110,6 +133,128 @@ def _plot(results: dict, path: str) -> None:
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def _demo_rescale(args) -> int:
+    """``streamlb demo --rescale FROM:TO``: the keyed aggregate starts with FROM instances and
+    is rescaled to TO while it runs, a third of the way through the input (at the source rate)."""
+    import pandas as pd
+    from streamz import Stream
+
+    import streamlb
+
+    n_from, n_to = args.rescale
+    path, man, truth = _demo_input(args)
+    rate = args.rate or 200_000
+    plot = args.plot or "streamlb-data/demo-rescale.png"
+    src = Stream.from_parquet(path, rate=rate, batch_size=args.batch_size, event_time="event_time")
+    src.key_by("key").aggregate(DEMO_SPEC, name="totals", parallelism=n_from)
+    with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256) as job:
+        print(f"\n[rescale] {n_from} instances on an embedded Dask cluster of "
+              f"{len(job.client.scheduler_info()['workers'])} worker processes, open-loop source at "
+              f"{rate:,.0f} records/s; rescaled to {n_to} a third of the way through ...")
+        failed: list[BaseException] = []
+        rescaler = threading.Thread(target=_rescale_at, args=(job, man["rows"] / 3 / rate, n_to,
+                                                              args.rescale_strategy, failed))
+        rescaler.start()
+        try:
+            job.wait(progress=True)
+        finally:
+            rescaler.join()
+        if failed:
+            print(f"FAILED: the rescale was refused: {failed[0]}", file=sys.stderr)
+            return 1
+        state, m, history = job.state("totals"), job.metrics(), job.history
+    same = _exact(state, truth)
+    rs = next(h for h in history if h.get("kind") == "rescale")
+    epochs = [h for h in history if "kind" not in h and h["operator"] == "totals"]
+    moved = sum(len(h["key_groups"]) for h in epochs)
+    switched = min((h["routers_switched"] for h in epochs), default=rs["completed"])
+    ops = m[m.operator == "totals"]
+    load = ops.pivot_table(index="window_start", columns="instance", values="records", aggfunc="sum")
+    win = pd.Timedelta(seconds=job.window)
+    total = load.sum(axis=1)
+    full = load[total > 0.5 * total.median()]
+    asked, done = (pd.Timestamp(rs[k], unit="s") for k in ("started", "completed"))
+    # the median, not the mean: the sources' start-up burst is no steady state
+    before = full[full.index + win <= asked].max(axis=1).median()
+    after = full[full.index >= done].max(axis=1).median()
+    _plot_rescale(load, rs, switched, moved, plot)
+    print(f"plot of instances and load over time: {plot}")
+    print(f"rescaled 'totals' {n_from} -> {n_to} live in {rs['completed'] - rs['started']:.2f} s "
+          f"({rs['strategy']}, {moved} of 256 key groups moved); busiest instance per window (median) "
+          f"{before:,.0f} -> {after:,.0f} records; final state of {len(state):,} keys "
+          f"{'equals' if same else 'DIFFERS FROM'} pandas over the same files")
+    if not same:
+        print("FAILED: the final state differs from pandas over the same files", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _rescale_at(job, delay: float, parallelism: int, strategy: str | None, failed: list) -> None:
+    """Rescale the demo's aggregate ``delay`` seconds after the job started (beside
+    ``job.wait``, which shows the progress meanwhile)."""
+    time.sleep(max(job.started_at + delay - time.time(), 0.0))
+    try:
+        job.rescale("totals", parallelism, strategy=strategy)
+    except Exception as exc:          # reported once the job finished: it runs on unchanged
+        failed.append(exc)
+
+
+def _plot_rescale(load, rs: dict, switched: float, moved: int, path: str) -> None:
+    """Records per instance per window above, the instances receiving records as a step
+    line below; the rescale marked from the request until ``rescale`` returned."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    t0 = load.index.min()
+    secs = (load.index - t0).total_seconds()
+    at = lambda t: (pd.Timestamp(t, unit="s") - t0).total_seconds()  # noqa: E731
+    asked, switch, done = at(rs["started"]), at(switched), at(rs["completed"])
+    fig, (ax, count) = plt.subplots(2, 1, figsize=(10, 5.4), sharex=True,
+                                    gridspec_kw={"height_ratios": [3, 1]})
+    colours = plt.get_cmap("tab10")
+    for inst in load.columns:
+        ax.plot(secs, load[inst].to_numpy(), drawstyle="steps-post", lw=1.3, color=colours(int(inst) % 10),
+                label=f"instance {inst}")
+    for a in (ax, count):
+        a.axvline(asked, color="k", lw=1.2, ls="--",
+                  label=f"rescale {rs['from']} \u2192 {rs['to']} asked" if a is ax else None)
+        a.axvspan(asked, done, color="k", alpha=0.07, lw=0,
+                  label="until rescale returned (state drained)" if a is ax else None)
+    ax.set_ylabel("records per window")
+    ax.set_ylim(0, 1.4 * float(load.max().max()))        # headroom: the legend above the lines
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    ax.set_title(f"live rescale of 'totals' {rs['from']} \u2192 {rs['to']} instances ({rs['strategy']}, "
+                 f"{moved} key groups moved): records per instance per load window", fontsize=10)
+
+    end = secs.max()
+    count.plot([secs.min(), switch, end], [rs["from"], rs["to"], rs["to"]], drawstyle="steps-post",
+               color="k", lw=2)
+    count.set_ylabel("instances")
+    count.set_ylim(0, max(rs["from"], rs["to"]) + 1)
+    count.set_yticks(sorted({0, rs["from"], rs["to"]}))
+    count.set_title("instances receiving records", fontsize=9, loc="left")
+    count.set_xlabel("seconds")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _instances(text: str) -> tuple[int, int]:
+    """``FROM:TO`` of ``--rescale``: two instance counts >= 1."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FROM:TO, two instance counts such as 2:6, got {text!r}") \
+            from None
+    if a < 1 or b < 1 or a == b:
+        raise argparse.ArgumentTypeError(f"FROM and TO must be different instance counts >= 1, got {text!r}")
+    return a, b
 
 
 def _simulate(args) -> int:
@@ -159,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(func=_prepare)
 
-    d = sub.add_parser("demo", help="the same drifting-Zipf stream with static and autoflow balancing, "
-                                    "checked against pandas")
+    d = sub.add_parser("demo", help="the same drifting-Zipf stream with static and autoflow balancing "
+                                    "(or, with --rescale, rescaled live), checked against pandas")
     d.add_argument("--data", default="streamlb-data/demo-zipf")
     d.add_argument("--rows", type=int, default=2_000_000)
     d.add_argument("--keys", type=int, default=100_000)
@@ -168,11 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--parallelism", type=int, default=4)
     d.add_argument("--batch-size", type=int, default=10_000)
-    d.add_argument("--rate", type=float, default=400_000, help="open-loop source rate, records/s")
+    d.add_argument("--rate", type=float, default=None,
+                   help="open-loop source rate, records/s (default 400,000; 200,000 with --rescale)")
     d.add_argument("--window", default="250ms", help="load window")
     d.add_argument("--migration", default="fluid", help="all-at-once, fluid, lazy or pause")
     d.add_argument("--balancers", nargs="+", default=["static", "autoflow"])
-    d.add_argument("--plot", default="streamlb-data/demo-load.png", help="PNG of per-instance load")
+    d.add_argument("--plot", default=None, help="PNG of per-instance load (default "
+                   "streamlb-data/demo-load.png; streamlb-data/demo-rescale.png with --rescale)")
+    d.add_argument("--rescale", nargs="?", const=(2, 6), default=None, type=_instances, metavar="FROM:TO",
+                   help="instead of comparing balancers: start the keyed aggregate with FROM instances "
+                        "and rescale it to TO live a third of the way through (default 2:6); "
+                        "plots instances and load over time and checks the final state against pandas")
+    d.add_argument("--rescale-strategy", default=None,
+                   help="how key groups move onto the new instances: lazy (setting "
+                        "streamlb.reconfiguration.strategy), fluid, all-at-once or pause")
     d.set_defaults(func=_demo)
 
     sm = sub.add_parser("simulate", help="replay a load trace (recorded or Zipf) through balancers, "

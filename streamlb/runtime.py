@@ -53,7 +53,8 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         key_groups: int | None = None, batch_size: int | None = None,
         parallelism: int | None = None, window: Any = None, credits: int | None = None,
         client=None, balancer: str | None = None, migration: str | None = None,
-        balancer_options: dict | None = None) -> Job:
+        balancer_options: dict | None = None, autoscale: dict | bool | None = None,
+        scaler: str = "ds2", scaler_options: dict | None = None) -> Job:
     """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
 
     Parameters
@@ -80,6 +81,14 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         ``pause`` (default: setting ``streamlb.migration.strategy``).
     balancer_options : dict, optional
         Keyword arguments for the balancer's constructor.
+    autoscale : dict or True, optional
+        ``{operator: (min, max)}``, or True for every keyed operator within ``1..G``: the
+        job rescales them by itself (see docs/reconfiguration.md). Registers the balancer
+        plugin (``static`` if no ``balancer``), where decisions show in ``balancer_state()``.
+    scaler : str
+        The autoscaling policy, registered under ``streamlb.scalers`` (default ``ds2``).
+    scaler_options : dict, optional
+        Keyword arguments for the scaler's constructor.
 
     Returns
     -------
@@ -90,6 +99,12 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     from .balancer import get_balancer
     from .keygroups import check_key_groups
 
+    from .scaler import get_scaler
+
+    scaling = None
+    if autoscale:
+        scaling = get_scaler(scaler, **(scaler_options or {}))     # unknown names fail here too
+        balancer = balancer or "static"
     if balancer is not None:
         get_balancer(balancer, **(balancer_options or {}))     # unknown names fail here, listing the valid ones
     if migration is not None:
@@ -111,8 +126,19 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
             raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
         p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,
                  parallelism=config.get("parallelism", parallelism))
-        return Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned,
-                   balancer=balancer, migration=migration, balancer_options=balancer_options)
+        ranges = None
+        if scaling is not None:
+            from ._reconfig import check_autoscale
+
+            ranges = check_autoscale(p.stages, autoscale, G)
+        job = Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned,
+                  balancer=balancer, migration=migration, balancer_options=balancer_options)
+        if ranges:
+            from ._reconfig._autoscale import Autoscaler
+
+            job.autoscaler = Autoscaler(job, scaling, ranges, window=win)
+            job.autoscaler.start()
+        return job
     except BaseException:
         if owned:
             client.close()
@@ -131,6 +157,7 @@ class Job:
         from ._migration import open_control
 
         from ._reconfig import Reconfigurer
+        from ._reconfig._retire import Drainer
 
         self.balancer = balancer
         self.migration = migration
@@ -138,6 +165,7 @@ class Job:
         self.runs: dict = {}             # (stage id, index) -> run of instances that were replaced
         self._reconfigs: list[dict] = []
         self._retired_metrics: list[dict] = []
+        self.autoscaler = None
 
         self.plan = plan
         self.client = client
@@ -171,12 +199,13 @@ class Job:
                                         migration=migration)
         self.control = self._migrations.control
         self.reconfig = Reconfigurer(self)
+        self._drainer = Drainer(self)       # retiring workers: move the instances off first
         _placement.start(self.actors, plan.stages)
         self.started_at = time.time()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _poll(self) -> list[dict]:
-        futs = [(k, a.poll()) for k, a in self.actors.items()]
+        futs = [(k, a.poll()) for k, a in list(self.actors.items())]    # a rescale may change them
         out = []
         for k, f in futs:
             try:
@@ -188,6 +217,8 @@ class Job:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
             r["key"] = k
+            if r["status"] == "retired":      # retired by a rescale meanwhile: absorbed there
+                continue
             out.append(r)
         for r in out:
             self._take_outputs(r)
@@ -247,6 +278,8 @@ class Job:
                 bar.close()
         self._commit_parquet()
         self.status = "done"
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
         return self
 
     def _on_failure(self, err: BaseException) -> None:
@@ -286,6 +319,9 @@ class Job:
         """Stop every instance and release the cluster if ``run`` started it."""
         if self._closed:
             return
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+        self._drainer.close()
         self._migrations.close()
         self._closed = True
         if self.status == "running":

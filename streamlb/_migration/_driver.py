@@ -76,6 +76,9 @@ class Control(ABC):
     def close(self) -> None:
         """The job stops: keep what is needed to answer :meth:`history` afterwards."""
 
+    def note_autoscale(self, decision: dict, wanted: dict) -> None:
+        """An autoscaling decision (shown by the plugin's state where there is one)."""
+
 
 class DriverControl(Control):
     """The coordinator in the driver: moves and splits only when the job asks for them."""
@@ -182,6 +185,9 @@ class PluginControl(Control):
     def load_trace(self, operator: str, check: Callable[[], object]):
         check()
         return unpack_trace(self._ask("streamlb_trace", operator=operator), self.control.job, operator)
+
+    def note_autoscale(self, decision: dict, wanted: dict) -> None:
+        self._ask("streamlb_autoscale", decision=decision, wanted=wanted)
 
     def close(self) -> None:
         try:

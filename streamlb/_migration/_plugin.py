@@ -51,6 +51,7 @@ class _Job:
         self.trace: dict[str, deque] = defaultdict(lambda: deque(maxlen=int(config.get("balancer.trace-windows"))))
         self.refused: list[dict] = []
         self.tasks: set = set()
+        self.autoscale: dict = {"decisions": [], "wanted": {}}
 
 
 class BalancerPlugin(SchedulerPlugin):
@@ -103,6 +104,7 @@ class BalancerPlugin(SchedulerPlugin):
             "streamlb_release": self.release_handler,
             "streamlb_topology": self.topology_handler,
             "streamlb_set_table": self.set_table_handler,
+            "streamlb_autoscale": self.autoscale_handler,
         })
         scheduler.stream_handlers["streamlb-load"] = self.receive_load
         app = getattr(scheduler, "http_application", None)
@@ -159,6 +161,11 @@ class BalancerPlugin(SchedulerPlugin):
         j = self._job(job)
         for name in topology["operators"]:
             j.windows.pop(name, None)       # windows half reported by the old instances
+
+    def autoscale_handler(self, job: str, decision: dict, wanted: dict) -> None:
+        a = self._job(job).autoscale
+        a["decisions"] = (a["decisions"] + [decision])[-100:]
+        a["wanted"] = wanted
 
     def set_table_handler(self, job: str, operator: str, table: dict) -> dict:
         c = self._job(job).control
@@ -270,7 +277,7 @@ class BalancerPlugin(SchedulerPlugin):
                            "imbalance": j.imbalance.get(name, [])[-1000:]}
                     for name, op in j.control.operators.items()
                 },
-                "moves": j.control.history, "refused": j.refused[-50:],
+                "moves": j.control.history, "refused": j.refused[-50:], "autoscale": j.autoscale,
             }
         return out
 

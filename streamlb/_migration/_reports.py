@@ -57,9 +57,14 @@ def _router_entry(op: OperatorControl, operator: str, instance: int, groups, cou
     hot = _hot_entries(hot, f"router {instance} of {operator!r}")
     if routed is not None:
         routed = np.asarray(routed, dtype=np.float64)
-        if routed.shape != (n,) or (routed < 0).any():
+        if routed.ndim != 1 or (routed < 0).any():
             raise ValueError(f"records routed by router {instance} of {operator!r} are not "
                              f"{n} non-negative counts, one per instance")
+        if len(routed) != n:            # the window spans a rescale: instances came or went
+            if routed[n:].any():
+                routed = None           # sent to retired instances: this window says nothing
+            else:
+                routed = np.pad(routed[:n], (0, max(n - len(routed), 0)))
     return {"groups": g, "counts": c, "final": bool(final), "hot": hot, "routed": routed}
 
 

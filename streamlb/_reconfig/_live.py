@@ -185,6 +185,7 @@ class Reconfigurer:
             if not workers:
                 raise ReconfigurationError(f"operator {operator!r}: workers=[] leaves nowhere to place instances")
         t0 = time.time()
+        self._check_running(st, "rescaled")
         with self._reserved(st, f"rescaling {operator!r}"):
             if st.id in self.job.tables:
                 self._check_splits(st, range(parallelism, n))
@@ -194,6 +195,17 @@ class Reconfigurer:
                 self._scale_in(st, parallelism, strategy)
         return {"operator": operator, "kind": "rescale", "from": n, "to": parallelism, "strategy": strategy,
                 "started": t0, "completed": time.time()}
+
+    def _check_running(self, st: Stage, what: str) -> None:
+        """Refuse to reconfigure an operator whose input already ended."""
+        job = self.job
+        status = self._result([job.actors[(st.id, i)].epochs() for i in range(st.parallelism)])
+        ended = [i for i, s in enumerate(status) if s["status"] != "running" or s["finishing"]]
+        if ended:
+            s = status[ended[0]]
+            raise ReconfigurationError(f"operator {st.name!r} of job {job.id}: instance {ended[0]} is "
+                                       f"{'finishing' if s['status'] == 'running' else s['status']} (its input "
+                                       f"ended); it cannot be {what}")
 
     def _check_splits(self, st: Stage, leaving) -> None:
         table = self.job._migrations.routing(st.name)
@@ -258,14 +270,22 @@ class Reconfigurer:
 
     def _forget(self, key) -> None:
         job = self.job
-        actor = job.actors.pop(key)
+        self._release(job.actors.pop(key), job._futures.pop(key, None))
+        job.workers_of.pop(key, None)
+        job.runs.pop(key, None)
+
+    @staticmethod
+    def _release(actor, future) -> None:
+        """Stop a retired actor and drop every reference to it: the worker frees it (and
+        Dask no longer counts it when retiring the worker)."""
         try:
             actor.stop().result(timeout=10)
         except Exception:
             pass
-        job._futures.pop(key, None)
-        job.workers_of.pop(key, None)
-        job.runs.pop(key, None)
+        if future is not None:
+            future.release()
+        if hasattr(actor, "_future"):
+            actor._future = None
 
     # -- move an instance -------------------------------------------------------------------------
     def move_instance(self, operator: str, instance, worker: str) -> dict:
@@ -285,6 +305,7 @@ class Reconfigurer:
         if frm == worker:
             return {"operator": operator, "kind": "move", "instance": i, "from": frm, "to": worker,
                     "keys": 0, "started": t0, "completed": t0}
+        self._check_running(st, "moved")
         with self._reserved(st, f"moving instance {i} of {operator!r}"):
             keys = self._replace(st, i, worker)
         return {"operator": operator, "kind": "move", "instance": i, "from": frm, "to": worker, "keys": keys,
@@ -293,7 +314,7 @@ class Reconfigurer:
     def _replace(self, st: Stage, i: int, worker: str) -> int:
         job = self.job
         key = (st.id, i)
-        old = job.actors[key]
+        old, old_future = job.actors[key], job._futures.get(key)
         run = job.runs.get(key, 0) + 1
         (new,) = self._create(st, {i: worker}, run=run).values()
         job.actors[key] = new
@@ -307,10 +328,8 @@ class Reconfigurer:
         job._absorb_retired(key, old.retire(timeout).result())
         self._on_downstream(st, "add_sender", i, run)
         new.start().result()
-        try:
-            old.stop().result(timeout=10)
-        except Exception:
-            pass
+        job.workers_of[key] = worker
+        self._release(old, old_future)
         job._migrations.update_topology(job.topology())
         return moved
 

@@ -90,11 +90,11 @@ class _Exchange:
             self.ended = True
 
     async def drain(self) -> None:
-        for ch in self.chans.values():
+        for ch in list(self.chans.values()):     # instances may be added meanwhile
             await ch.drain()
 
     def in_flight(self) -> bool:
-        return any(ch.tasks for ch in self.chans.values())
+        return any(ch.tasks for ch in list(self.chans.values()))
 
 
 class ShuffleExchange(_Exchange):

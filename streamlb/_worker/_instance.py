@@ -161,10 +161,13 @@ class Instance(Reconfigurable):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
+        if self.status in _ENDED and isinstance(env.msg, PeerEnd):
+            return          # a sibling added as this one finished: it has nothing to wait for
         if self.status in _ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
             raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
-                                f"{env.msg.kind!r} from instance {env.sender} (message {env.seq})")
+                                f"{env.msg.kind!r} from instance {env.sender} (message {env.seq}, run {env.run}; "
+                                f"ends from siblings {sorted(self.peer_ends)} of {len(self.siblings)})")
         await self._enqueue(self.ctl, env, "sibling")
 
     async def _enqueue(self, inbox: Inbox, env: Envelope, what: str) -> None:
@@ -314,7 +317,7 @@ class Instance(Reconfigurable):
         return await self.epochs()
 
     async def epochs(self) -> dict:
-        return {**self.owner.status(), "status": self.status}
+        return {**self.owner.status(), "status": self.status, "finishing": self.finishing}
 
     async def pause(self) -> None:      # the pause-and-resume baseline: sources hold back
         self.source.gate.clear()
@@ -331,7 +334,9 @@ class Instance(Reconfigurable):
         return {"status": self.status, "error": self.error, "lists": self.sinks.take_lists(),
                 "records_in": self.records_in, "records_out": self.records_out,
                 "started_at": self.started_at, "finished_at": self.finished_at,
-                "offsets": dict(self.source.offsets) if self.source else {}, "dead_letters": self.dead.take()}
+                "offsets": dict(self.source.offsets) if self.source else {}, "dead_letters": self.dead.take(),
+                "offered_rate": self.source.offered_rate if self.source else None,
+                "lag": self.source.lag if self.source else 0.0}
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)
@@ -356,6 +361,6 @@ class Instance(Reconfigurable):
 
     async def stop(self) -> None:
         self.tasks.cancel()
-        if self.status not in ("done", "failed"):
+        if self.status not in ("done", "failed", "retired"):
             self.status = "stopped"
             self.sinks.abort()

@@ -28,6 +28,11 @@ class Source:
         self.flush_due = asyncio.Event()        # send the rows already due now
         self.replaying = False
         self.epoch0 = 0.0
+        # demand, for autoscaling: records/s the stream asks for where it is now (the
+        # batch's rows over the time since the previous batch was due), and how far
+        # behind its schedule the source is (seconds)
+        self.offered_rate: float | None = None
+        self.lag = 0.0
 
     async def run(self, epoch0: float) -> None:
         st = self.stage
@@ -45,6 +50,7 @@ class Source:
     async def emit_all(self, loop, reader, batches, per_instance) -> None:
         t0 = time.time()
         sent = 0
+        last_due = self.epoch0 if self.replaying else t0
         ahead = loop.run_in_executor(reader, next, batches, None)
         while (item := await ahead) is not None:
             ahead = loop.run_in_executor(reader, next, batches, None)
@@ -55,6 +61,10 @@ class Source:
             if due is None and per_instance:
                 due = t0 + (sent + n) / per_instance
             if due is not None:
+                if due > last_due:
+                    self.offered_rate = n / (due - last_due)
+                last_due = due
+                self.lag = max(time.time() - due, 0.0)
                 while (delay := due - time.time()) > 0:
                     try:
                         await asyncio.wait_for(self.flush_due.wait(), delay)

@@ -1,0 +1,160 @@
+"""Retiring workers drain: Dask's retirement waits while the jobs move their instances off.
+
+Dask refuses to retire a worker that holds actors (``client.retire_workers`` returns
+without it) and ``cluster.scale`` down closes it anyway, killing the actors. The
+:class:`RetireGuard` scheduler plugin wraps the scheduler's ``retire_workers`` (the RPC
+handler every path goes through: ``client.retire_workers``, ``cluster.scale``, adaptive
+scaling; and the method, for callers in the scheduler process). When the workers to retire
+hold instances of streamlb jobs, it publishes the event ``streamlb-retiring`` and waits.
+Each job's driver (subscribed through :class:`Drainer`) moves its instances on those
+workers to the remaining ones (``Job.move_instance``) and answers ``streamlb-retired``;
+then the retirement proceeds. A job that cannot move them answers with the reason and the
+retirement is refused with an error naming the job and the operators.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import uuid
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+logger = logging.getLogger("streamlb.retire")
+
+NAME = "streamlb-retire-guard"
+RETIRING, RETIRED = "streamlb-retiring", "streamlb-retired"
+
+
+def _job_of(key) -> str | None:
+    """The job id in an instance's actor key ``streamlb-<job>-<stage>-<index>[-r<run>]``."""
+    if isinstance(key, str) and key.startswith("streamlb-"):
+        parts = key.split("-")
+        return parts[1] if len(parts) >= 4 else None
+    return None
+
+
+class RetireGuard(SchedulerPlugin):
+    """Scheduler plugin: a retirement waits until streamlb jobs moved their instances off."""
+
+    name = NAME
+
+    def __init__(self, timeout: float = 300.0) -> None:
+        self.timeout = timeout
+        self.pending: dict[str, tuple[asyncio.Future, set, dict]] = {}
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers["retire_workers"] = self._wrap(scheduler.handlers["retire_workers"])
+        scheduler.retire_workers = self._wrap(scheduler.retire_workers)
+
+    def _resolve(self, workers, names, kw) -> list[str]:
+        s = self.scheduler
+        if workers is not None:         # SpecCluster passes worker names here
+            by_name = {str(ws.name): a for a, ws in s.workers.items()}
+            return [a for a in (w if w in s.workers else by_name.get(str(w)) for w in workers) if a]
+        if names is not None:
+            want = {str(n) for n in names}
+            return [a for a, ws in s.workers.items() if str(ws.name) in want]
+        return list(s.workers_to_close(**{**kw, "attribute": "address"}))
+
+    def _listening(self) -> bool:
+        topics = getattr(getattr(self.scheduler, "_broker", None), "_topics", {})
+        return RETIRING in topics and bool(topics[RETIRING].subscribers)
+
+    def _wrap(self, original):
+        @functools.wraps(original)
+        async def retire_workers(workers=None, *, names=None, close_workers=False, remove=True,
+                                 stimulus_id=None, **kw):
+            s = self.scheduler
+            addrs = self._resolve(workers, names, kw)
+            held = {a: [ts.key for ts in s.workers[a].actors] for a in addrs if a in s.workers}
+            jobs = {j for keys in held.values() for k in keys if (j := _job_of(k))}
+            if jobs and self._listening() and set(s.workers) - set(addrs):
+                await self._drain(addrs, jobs)
+            if workers is None and names is None:
+                workers = addrs         # the workers chosen above, not a new choice
+            return await original(workers=workers, names=names, close_workers=close_workers, remove=remove,
+                                  stimulus_id=stimulus_id)
+
+        return retire_workers
+
+    async def _drain(self, addrs: list[str], jobs: set[str]) -> None:
+        s = self.scheduler
+        rid = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = (fut, set(jobs), {})
+        s.log_event(RETIRING, {"id": rid, "retiring": addrs, "jobs": sorted(jobs)})
+        try:
+            replies = await asyncio.wait_for(fut, self.timeout)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"streamlb: jobs {', '.join(sorted(jobs))} did not move their instances off "
+                               f"{', '.join(addrs)} within {self.timeout:g}s; retirement refused") from None
+        finally:
+            self.pending.pop(rid, None)
+        refused = [r["error"] for r in replies.values() if not r.get("ok")]
+        if refused:
+            raise RuntimeError("streamlb: retirement refused: " + "; ".join(refused))
+        # the released actors leave the workers' books on another comm: wait for that
+        for _ in range(200):
+            if not any(a in s.workers and any(_job_of(ts.key) in jobs for ts in s.workers[a].actors)
+                       for a in addrs):
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"streamlb: instances of jobs {', '.join(sorted(jobs))} are still on "
+                           f"{', '.join(addrs)} after they moved; retirement refused")
+
+    def log_event(self, topic, msg) -> None:
+        if topic != RETIRED or not isinstance(msg, dict) or msg.get("id") not in self.pending:
+            return
+        fut, waiting, replies = self.pending[msg["id"]]
+        replies[msg.get("job")] = msg
+        waiting.discard(msg.get("job"))
+        if not waiting and not fut.done():
+            fut.set_result(replies)
+
+
+def ensure_guard(client) -> None:
+    """Add a :class:`RetireGuard` to the client's scheduler unless one is there."""
+    present = client.run_on_scheduler(lambda dask_scheduler: NAME in dask_scheduler.plugins)
+    if not present:
+        client.register_plugin(RetireGuard())
+
+
+class Drainer:
+    """A job's side: on ``streamlb-retiring`` naming this job, move its instances off the
+    retiring workers (in a thread: the handler runs on the client's event loop) and answer."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.moves: list[dict] = []
+        ensure_guard(job.client)
+        job.client.subscribe_topic(RETIRING, self._on_event)
+
+    def close(self) -> None:
+        try:
+            self.job.client.unsubscribe_topic(RETIRING)
+        except Exception:
+            pass
+
+    def _on_event(self, event) -> None:
+        _, msg = event
+        if not isinstance(msg, dict) or self.job.id not in msg.get("jobs", ()):
+            return
+        threading.Thread(target=self._drain, args=(msg,), daemon=True,
+                         name=f"streamlb-drain-{self.job.id}").start()
+
+    def _drain(self, msg: dict) -> None:
+        job = self.job
+        reply = {"id": msg["id"], "job": job.id, "ok": True}
+        try:
+            retiring = list(msg["retiring"])
+            for w in retiring:
+                done = job.reconfig.drain_worker(w, exclude=retiring)
+                self.moves.extend(done)
+                job._reconfigs.extend(done)
+        except Exception as exc:
+            logger.warning("streamlb: job %s could not drain %s: %s", job.id, msg.get("retiring"), exc)
+            reply.update(ok=False, error=f"job {job.id}: {exc}")
+        job.client.log_event(RETIRED, reply)
