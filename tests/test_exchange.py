@@ -44,7 +44,7 @@ def test_rows_reach_the_owner_of_their_group_with_their_groups_and_peers_come_an
             np.testing.assert_array_equal(b.groups.astype(np.int64), truth[mine])  # groups travel
         await router.remove_peer(1)                # retired: nothing more goes to it
         newcomer = _Owner()
-        router.add_peer(1, OutChannel(newcomer, sender=0, credits=2))
+        await router.add_peer(1, OutChannel(newcomer, sender=0, credits=2))
         await router.send(df, 2.0)
         await router.end()
         await router.drain()
