@@ -392,7 +392,7 @@ class Job:
     # -- live reconfiguration (see streamlb._reconfig and docs/reconfiguration.md) -------------------
     def parallelism(self, operator: str) -> int:
         """How many instances ``operator`` runs as now."""
-        return self.plan.stage(operator).parallelism
+        return self.reconfig.stage(operator).parallelism
 
     def rescale(self, operator: str, parallelism: int, strategy: str | None = None,
                 workers: list[str] | None = None) -> int:

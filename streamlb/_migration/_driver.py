@@ -168,8 +168,13 @@ class PluginControl(Control):
         self._ask("streamlb_release", operators=operators)
 
     def update_topology(self, topology: dict) -> None:
-        self.control.update_topology(topology)
         self._ask("streamlb_topology", topology=topology)
+        # this copy's tables lag the plugin's (the plugin's balancer and the rescale moved
+        # groups there): take them before the owners change
+        for name, t in topology["operators"].items():
+            state = self._ask("streamlb_routing", operator=name)
+            self.control.operators[name].table = table_from_state(state, len(t["owners"]))
+        self.control.update_topology(topology)
 
     def set_table(self, operator: str, table: RoutingTable) -> None:
         self.control.set_table(operator, table)

@@ -202,7 +202,7 @@ class BalancerPlugin(SchedulerPlugin):
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
                       latency_p99_ms=None, final: bool = False, hot=None, routed=None, latency_hist=None,
-                      **_ignored) -> None:
+                      parallelism=None, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -211,7 +211,7 @@ class BalancerPlugin(SchedulerPlugin):
         slot = win[float(window_start)]
         place, entry = report_entry(op, operator, kind, instance, records=records, busy=busy, queued=queued,
                                     groups=groups, counts=counts, latency_p99_ms=latency_p99_ms, final=final,
-                                    hot=hot, routed=routed, latency_hist=latency_hist)
+                                    hot=hot, routed=routed, latency_hist=latency_hist, parallelism=parallelism)
         slot[place] = entry
         for ws in sorted(win):
             if len(win[ws]) == op.table.parallelism + len(op.routers):

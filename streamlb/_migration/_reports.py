@@ -18,7 +18,7 @@ TRACE_HOT_KEYS = 64         # hottest keys kept per window in the load trace
 
 def report_entry(op: OperatorControl, operator: str, kind: str, instance, *, records: int, busy: float,
                  queued: int, groups, counts, latency_p99_ms, final: bool, hot, routed,
-                 latency_hist) -> tuple[tuple[str, int], dict]:
+                 latency_hist, parallelism=None) -> tuple[tuple[str, int], dict]:
     """One instance's report for a window, checked: its place in the window and what it says.
 
     Raises
@@ -41,12 +41,13 @@ def report_entry(op: OperatorControl, operator: str, kind: str, instance, *, rec
         }
     if kind == "router":
         instance = int(instance)
-        return ("router", instance), _router_entry(op, operator, instance, groups, counts, final, hot, routed)
+        return ("router", instance), _router_entry(op, operator, instance, groups, counts, final, hot, routed,
+                                                   parallelism)
     raise ValueError(f"report kind {kind!r} is neither 'owner' nor 'router'")
 
 
 def _router_entry(op: OperatorControl, operator: str, instance: int, groups, counts, final: bool, hot,
-                  routed) -> dict:
+                  routed, parallelism=None) -> dict:
     n, m, G = op.table.parallelism, len(op.routers), op.table.key_groups
     if not 0 <= instance < m:
         raise ValueError(f"router {instance} outside 0..{m - 1} of {operator!r}")
@@ -57,14 +58,14 @@ def _router_entry(op: OperatorControl, operator: str, instance: int, groups, cou
     hot = _hot_entries(hot, f"router {instance} of {operator!r}")
     if routed is not None:
         routed = np.asarray(routed, dtype=np.float64)
-        if routed.ndim != 1 or (routed < 0).any():
+        # a router whose table still has the instance count from before a rescale counts
+        # per instance of that table: the window says nothing about the current instances
+        stale = parallelism is not None and parallelism != n and routed.shape == (parallelism,)
+        if not stale and (routed.shape != (n,) or (routed < 0).any()):
             raise ValueError(f"records routed by router {instance} of {operator!r} are not "
                              f"{n} non-negative counts, one per instance")
-        if len(routed) != n:            # the window spans a rescale: instances came or went
-            if routed[n:].any():
-                routed = None           # sent to retired instances: this window says nothing
-            else:
-                routed = np.pad(routed[:n], (0, max(n - len(routed), 0)))
+        if stale:
+            routed = None
     return {"groups": g, "counts": c, "final": bool(final), "hot": hot, "routed": routed}
 
 

@@ -49,7 +49,8 @@ class Reconfigurer:
         self._update_epochs: dict[int, int] = {}    # stage id -> last update epoch (unkeyed stages)
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _stage(self, operator: str) -> Stage:
+    def stage(self, operator: str) -> Stage:
+        """The stage of ``operator``; ReconfigurationError listing the operators if none."""
         try:
             return self.job.plan.stage(operator)
         except KeyError as exc:
@@ -160,7 +161,7 @@ class Reconfigurer:
 
     # -- rescale ----------------------------------------------------------------------------------
     def check_rescale(self, operator: str, parallelism) -> Stage:
-        st = self._stage(operator)
+        st = self.stage(operator)
         if st.is_source:
             raise ReconfigurationError(f"operator {operator!r} is a source; its parallelism is fixed by its "
                                        "files (rescale aggregate, stateful_map or a stage behind rebalance)")
@@ -290,7 +291,7 @@ class Reconfigurer:
     # -- move an instance -------------------------------------------------------------------------
     def move_instance(self, operator: str, instance, worker: str) -> dict:
         """See :meth:`streamlb.Job.move_instance`."""
-        st = self._stage(operator)
+        st = self.stage(operator)
         if st.is_source:
             raise ReconfigurationError(f"operator {operator!r} is a source; source instances cannot move "
                                        "(their read position is not handed over)")
@@ -335,9 +336,18 @@ class Reconfigurer:
 
     def drain_worker(self, worker: str, exclude=()) -> list[dict]:
         """Move every instance on ``worker`` to the least-loaded other workers (not those in
-        ``exclude``, retiring too). Refused, naming the operators, if some cannot move."""
+        ``exclude``, retiring too). Refused, naming the job and the operators, if some
+        cannot move: source instances, or no worker left."""
         job = self.job
         here = sorted(k for k, w in job.workers_of.items() if w == worker)
+        if not here or job.status != "running":
+            return []                   # nothing of a running job lives there
+        names = sorted({job.plan.stages[s].name for s, _ in here})
+        left = [w for w in self._known_workers() if w != worker and w not in exclude]
+        if not left:
+            raise ReconfigurationError(
+                f"worker {worker} holds instances of job {job.id} (operators {', '.join(names)}) and no worker "
+                "would be left to move them to")
         sources = sorted({job.plan.stages[s].name for s, _ in here if job.plan.stages[s].is_source})
         if sources:
             raise ReconfigurationError(

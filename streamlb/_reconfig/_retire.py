@@ -71,7 +71,7 @@ class RetireGuard(SchedulerPlugin):
             addrs = self._resolve(workers, names, kw)
             held = {a: [ts.key for ts in s.workers[a].actors] for a in addrs if a in s.workers}
             jobs = {j for keys in held.values() for k in keys if (j := _job_of(k))}
-            if jobs and self._listening() and set(s.workers) - set(addrs):
+            if jobs and self._listening():
                 await self._drain(addrs, jobs)
             if workers is None and names is None:
                 workers = addrs         # the workers chosen above, not a new choice

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..exceptions import PipelineError
+from ..exceptions import ReconfigurationError
 from ..planner import Plan, Stage, Step
 
 STEP_KINDS = ("map", "starmap", "filter")
@@ -22,7 +22,7 @@ def _walk(steps: list[Step], path: tuple):
 
 
 def find_function(plan: Plan, operator: str) -> tuple[Stage, tuple, object]:
-    """``(stage, path, function)`` of what ``operator`` names; PipelineError listing the
+    """``(stage, path, function)`` of what ``operator`` names; ReconfigurationError listing the
     names that can be updated otherwise."""
     names = []
     for st in plan.stages:
@@ -35,7 +35,7 @@ def find_function(plan: Plan, operator: str) -> tuple[Stage, tuple, object]:
                 if step.name == operator:
                     return st, ("steps",) + path, step.func
                 names.append(step.name)
-    raise PipelineError(
+    raise ReconfigurationError(
         f"no function named {operator!r} can be updated; updatable: stateful_map operators and "
         f"map/starmap/filter nodes given stream_name=: {', '.join(names) or 'none in this job'}")
 
@@ -61,7 +61,7 @@ def set_function(stage: Stage, path: tuple, func, store=None) -> None:
 def check_function(operator: str, kind: str, new, old) -> None:
     """``new`` must be callable with the arguments ``old`` is called with."""
     if not callable(new):
-        raise PipelineError(f"operator {operator!r}: the new function is a {type(new).__name__}, not callable")
+        raise ReconfigurationError(f"operator {operator!r}: the new function is a {type(new).__name__}, not callable")
     args = 2 if kind == "stateful_map" else 1
     extra = getattr(old, "args", ()) if kind != "stateful_map" else ()
     try:
@@ -72,5 +72,5 @@ def check_function(operator: str, kind: str, new, old) -> None:
         sig.bind(*([None] * (args + len(extra))))
     except TypeError as exc:
         want = "(state, record)" if kind == "stateful_map" else "(batch)"
-        raise PipelineError(f"operator {operator!r}: the new function {getattr(new, '__name__', new)!r} "
+        raise ReconfigurationError(f"operator {operator!r}: the new function {getattr(new, '__name__', new)!r} "
                             f"cannot be called as f{want}: {exc}") from exc

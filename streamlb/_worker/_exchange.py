@@ -260,6 +260,8 @@ class KeyedRouter(_Exchange):
         nz = np.flatnonzero(self.counts)
         out = {"groups": nz.tolist(), "counts": self.counts[nz].tolist(),
                "routed": self.routed.tolist() if self.routed is not None else None,
+               # instances the counts are for (a window across a rescale counts for the larger table)
+               "parallelism": len(self.routed) if self.routed is not None else self.table.parallelism,
                "hot": [[k, c] for k, c, _ in self.hot.top()] if self.hot is not None else None}
         self.counts[:] = 0
         if self.routed is not None:
