@@ -143,8 +143,9 @@ def one_file(tmp_path):
 
 
 def test_a_new_worker_takes_instances_and_a_retired_one_gives_them_back(one_file):
-    """cluster.scale(3), rescale onto the new worker, then client.retire_workers one of the
-    original workers while the job runs: its instances move first, the job ends exact."""
+    """cluster.scale(3), rescale onto the new worker, then client.retire_workers the
+    original worker holding the source while the job runs: its instances (the source
+    too) move first, the job ends exact on the remaining workers."""
     from distributed import Client, LocalCluster
 
     path, df = one_file
@@ -160,21 +161,47 @@ def test_a_new_worker_takes_instances_and_a_retired_one_gives_them_back(one_file
             assert job.rescale("totals", 4, workers=[new]) == 4
             sid = job.plan.stage("totals").id
             assert [job.workers_of[(sid, i)] for i in (2, 3)] == [new, new]
-            sources = {w for (s, _), w in job.workers_of.items() if job.plan.stages[s].is_source}
-            (victim,) = [w for w in old if w not in sources]
+            (victim,) = {w for (s, _), w in job.workers_of.items() if job.plan.stages[s].is_source}
             on_victim = [k for k, w in job.workers_of.items() if w == victim]
-            assert on_victim, "the worker to retire holds instances"
+            assert len(on_victim) >= 2, "the worker to retire holds the source and an aggregate instance"
+            read = job.offsets()
             retired = c.retire_workers([victim])
             assert victim in retired and victim not in c.scheduler_info()["workers"]
             assert victim not in job.workers_of.values()
             assert [h["kind"] for h in job.history if h.get("kind") == "move"] == ["move"] * len(on_victim)
-            # the worker with the source cannot go: refused, naming the job and the operator
-            with pytest.raises(Exception, match=rf"job {job.id}.*from_parquet"):
-                c.retire_workers(sorted(sources))
-            assert sorted(sources)[0] in c.scheduler_info()["workers"]
+            assert job.status == "running" and sum(job.offsets().values()) >= sum(read.values())
+            # the last workers cannot all go: refused, naming the job and the operators
+            with pytest.raises(Exception, match=rf"job {job.id} \(operators .*totals.*\) and no worker"):
+                c.retire_workers(sorted(c.scheduler_info()["workers"]))
+            assert len(c.scheduler_info()["workers"]) == 2
             job.wait(timeout=120)
+            assert job.summary()["records"] == len(df)
             truth = df.groupby("key").agg(**AGG)
             pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
+
+
+@pytest.mark.parametrize("kind", ["paced", "replayed", "items"])
+def test_a_source_moves_mid_stream_and_goes_on_where_it_stopped(two_workers, one_file, kind):
+    """The new source emits exactly the rows the old one had not: nothing twice, nothing lost."""
+    path, df = one_file
+    if kind == "items":
+        src = Stream.from_iterable([df.iloc[i:i + 3000] for i in range(0, len(df), 3000)])
+    else:
+        src = Stream.from_parquet(path, batch_size=3000, rate=40_000,
+                                  event_time="rid" if kind == "replayed" else None)
+    rows = src.map(lambda b: b[["rid"]]).sink_to_list()
+    src.key_by("key").aggregate(AGG, parallelism=2, name="totals")
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        name = job.plan.stages[0].name
+        for _ in range(2):
+            here = job.workers_of[(0, 0)]
+            job.move_instance(name, 0, next(w for w in job.workers if w != here))
+            time.sleep(0.4)
+        job.wait(timeout=120)
+        assert job.summary()["records"] == len(df)
+        pd.testing.assert_frame_equal(job.state("totals"), df.groupby("key").agg(**AGG), check_dtype=False)
+    got = pd.concat(rows).rid.to_numpy()
+    np.testing.assert_array_equal(np.sort(got), df.rid.to_numpy())
 
 
 def by_rid(tag, weight):

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .. import config
-from ..exceptions import PipelineError, ReconfigurationError
+from ..exceptions import MigrationError, PipelineError, ReconfigurationError
 from ..planner import Stage
 from ._plan import spread
 
@@ -240,18 +240,30 @@ class Reconfigurer:
         self._result([job.actors[k].start() for k in keys])
         job._migrations.update_topology(job.topology())
         if st.id in job.tables:
-            moves = spread(job._migrations.routing(st.name).owners, m)
-            if moves:
-                job._migrations.reassign(st.name, moves, strategy, reconfig=True)
+            self._spread(st, m, strategy, f"the {m - n} new instances run and hold the key groups moved so far")
+
+    def _spread(self, st: Stage, m: int, strategy: str, after: str) -> None:
+        """Move key groups so that instances ``0..m-1`` hold them evenly; if the stream
+        ends meanwhile, say how far it got (``after``: what that leaves)."""
+        job = self.job
+        moves = spread(job._migrations.routing(st.name).owners, m)
+        if not moves:
+            return
+        try:
+            job._migrations.reassign(st.name, moves, strategy, reconfig=True)
+        except MigrationError as exc:
+            owners = job._migrations.routing(st.name).owners
+            done = sum(int(owners[g]) == to for g, to in moves.items())
+            raise ReconfigurationError(
+                f"rescale of {st.name!r} to {m} stopped after {done} of {len(moves)} key group moves: {exc}; "
+                f"{after}, and the job runs on exact") from exc
 
     def _scale_in(self, st: Stage, m: int, strategy: str) -> None:
         job = self.job
         n = st.parallelism
         gone = list(range(m, n))
         if st.id in job.tables:
-            moves = spread(job._migrations.routing(st.name).owners, m)
-            if moves:
-                job._migrations.reassign(st.name, moves, strategy, reconfig=True)
+            self._spread(st, m, strategy, f"instances {m}..{n - 1} stay, with the key groups not yet moved off")
         for i in gone:
             self._on_upstream(st, "remove_peer", i)
         self._retire([(st.id, i) for i in gone])
@@ -292,9 +304,6 @@ class Reconfigurer:
     def move_instance(self, operator: str, instance, worker: str) -> dict:
         """See :meth:`streamlb.Job.move_instance`."""
         st = self.stage(operator)
-        if st.is_source:
-            raise ReconfigurationError(f"operator {operator!r} is a source; source instances cannot move "
-                                       "(their read position is not handed over)")
         if isinstance(instance, bool) or not isinstance(instance, (int, np.integer)) \
                 or not 0 <= instance < st.parallelism:
             raise ReconfigurationError(f"operator {operator!r} has instances 0..{st.parallelism - 1}; "
@@ -306,7 +315,8 @@ class Reconfigurer:
         if frm == worker:
             return {"operator": operator, "kind": "move", "instance": i, "from": frm, "to": worker,
                     "keys": 0, "started": t0, "completed": t0}
-        self._check_running(st, "moved")
+        if not st.is_source:            # a source that ended still moves (its figures do)
+            self._check_running(st, "moved")
         with self._reserved(st, f"moving instance {i} of {operator!r}"):
             keys = self._replace(st, i, worker)
         return {"operator": operator, "kind": "move", "instance": i, "from": frm, "to": worker, "keys": keys,
@@ -321,14 +331,21 @@ class Reconfigurer:
         job.actors[key] = new
         job.runs[key] = run
         self._wire([key])
-        # every router sends to the new actor once what it sent to the old one was applied
-        self._on_upstream(st, "replace_peer", i, new._address, new.key)
-        self._siblings(st, exclude=[i])
         timeout = config.seconds("migration.timeout")
-        moved = old.hand_over(new._address, new.key, timeout).result()
+        resume = None
+        if st.is_source:
+            # the source stops between two batches; the new one goes on from there
+            resume = old.hand_over_source(timeout).result()
+            moved = 0
+        else:
+            # every router sends to the new actor once what it sent to the old one was applied
+            self._on_upstream(st, "replace_peer", i, new._address, new.key)
+            self._siblings(st, exclude=[i])
+            moved = old.hand_over(new._address, new.key, timeout).result()
         job._absorb_retired(key, old.retire(timeout).result())
-        self._on_downstream(st, "add_sender", i, run)
-        new.start().result()
+        if not (resume and resume.get("ended")):    # an ended source's end was counted already
+            self._on_downstream(st, "add_sender", i, run)
+        new.start(resume.get("epoch0") if resume else None, resume).result()
         job.workers_of[key] = worker
         self._release(old, old_future)
         job._migrations.update_topology(job.topology())
@@ -336,8 +353,8 @@ class Reconfigurer:
 
     def drain_worker(self, worker: str, exclude=()) -> list[dict]:
         """Move every instance on ``worker`` to the least-loaded other workers (not those in
-        ``exclude``, retiring too). Refused, naming the job and the operators, if some
-        cannot move: source instances, or no worker left."""
+        ``exclude``, retiring too). Refused, naming the job and the operators, if no
+        worker would be left."""
         job = self.job
         here = sorted(k for k, w in job.workers_of.items() if w == worker)
         if not here or job.status != "running":
@@ -348,11 +365,6 @@ class Reconfigurer:
             raise ReconfigurationError(
                 f"worker {worker} holds instances of job {job.id} (operators {', '.join(names)}) and no worker "
                 "would be left to move them to")
-        sources = sorted({job.plan.stages[s].name for s, _ in here if job.plan.stages[s].is_source})
-        if sources:
-            raise ReconfigurationError(
-                f"worker {worker} holds source instances of job {job.id} (operators {', '.join(sources)}), "
-                "which cannot move; retire another worker")
         done = []
         for sid, i in here:
             (to,) = self.least_loaded(1, exclude={worker, *exclude})

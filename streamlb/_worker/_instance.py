@@ -114,12 +114,19 @@ class Instance(Reconfigurable):
         return OutChannel(Peer(self.worker, address, key), self.index, self.credits, run=self.run,
                           label=self.label, on_blocked=self.meter.add_blocked, on_error=self._fail)
 
-    async def start(self, epoch0: float | None = None) -> None:
+    async def start(self, epoch0: float | None = None, resume: dict | None = None) -> None:
+        """Run; ``resume`` (a source replacing another): where that one's stream stopped."""
         self.started_at = time.time()
         self.status = "running"
         self.meter.start(self.worker, self.started_at)
+        if resume:
+            self.started_at, self.records_out = resume["started_at"], resume["records_out"]
+            if resume.get("ended"):     # replaces a source that had ended: nothing to emit
+                self.finished_at, self.eos_sent, self.status = resume["finished_at"], True, "done"
+                self.source.offsets.update(resume["offsets"])
+                return
         self.tasks.run(self.meter.ticker(), guarded=False)
-        self.tasks.run(self._run_source(epoch0 or self.started_at) if self.source else self._process_loop())
+        self.tasks.run(self._run_source(epoch0 or self.started_at, resume) if self.source else self._process_loop())
 
     def _fail(self, exc: BaseException) -> None:
         if self.status == "failed":
@@ -132,8 +139,8 @@ class Instance(Reconfigurable):
         self.tasks.cancel()
         self.sinks.abort()
 
-    async def _run_source(self, epoch0: float) -> None:
-        await self.source.run(epoch0)
+    async def _run_source(self, epoch0: float, resume: dict | None = None) -> None:
+        await self.source.run(epoch0, resume)
         await self._finish()
 
     async def _emit(self, batch: pd.DataFrame, emitted: float) -> None:

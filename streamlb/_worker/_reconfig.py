@@ -73,6 +73,26 @@ class Reconfigurable:
         await Peer(self.worker, address, key).call("take_over", blob)
         return n
 
+    async def hand_over_source(self, timeout: float) -> dict | None:
+        """A source: stop between two batches, let everything emitted be applied downstream,
+        and return where the stream stands (``ended``: it had ended already)."""
+        src = self.source
+        src.gate.clear()
+        deadline = time.time() + timeout
+        while not src.parked.is_set():
+            if self.status == "done":   # it ended: the replacement only keeps its figures
+                return {"ended": True, "records_out": self.records_out, "started_at": self.started_at,
+                        "finished_at": self.finished_at, "offsets": dict(src.offsets)}
+            if self.status != "running":
+                raise StreamlbError(f"source {self.label} is {self.status}; it cannot hand its stream over")
+            if time.time() > deadline:
+                src.gate.set()
+                raise StreamlbError(f"source {self.label} did not reach a batch boundary within {timeout:g}s")
+            await asyncio.sleep(0.002)
+        for ex in self.exchanges.values():
+            await ex.drain()
+        return {**src.position(), "records_out": self.records_out, "started_at": self.started_at}
+
     async def take_over(self, blob) -> None:
         """The state of the instance this one replaces."""
         if blob is not None:

@@ -33,31 +33,58 @@ class Source:
         # behind its schedule the source is (seconds)
         self.offered_rate: float | None = None
         self.lag = 0.0
+        # what was emitted, for a replacement to go on from (see :meth:`position`)
+        self.emitted: dict[str, int] = {}       # rows per file (files read in order)
+        self.rows = 0                           # rows in all (iterable sources)
+        self.replayed_until: float | None = None    # event time every slice before was emitted
+        self.t0, self.sent = 0.0, 0
+        self.parked = asyncio.Event()           # waiting at the closed gate, between two batches
 
-    async def run(self, epoch0: float) -> None:
+    def position(self) -> dict:
+        """Where the stream is, once parked: a replacement started with it emits exactly
+        the rows this one has not."""
+        return {"files": dict(self.emitted), "rows": self.rows, "replayed_until": self.replayed_until,
+                "t0": self.t0, "sent": self.sent, "epoch0": self.epoch0}
+
+    async def run(self, epoch0: float, resume: dict | None = None) -> None:
+        """Emit the stream; ``resume``: a :meth:`position` of the instance this one replaces."""
         st = self.stage
         self.epoch0 = epoch0
         per_instance = st.rate / st.parallelism if st.rate else None
         self.replaying = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
-        batches = self._replay_batches() if self.replaying else ((b, None) for b in self._source_batches())
+        resume = resume or {}
+        if self.replaying:
+            batches = self._replay_batches(resume.get("replayed_until"))
+        else:
+            batches = ((b, None, f) for b, f in self._source_batches(resume.get("files", {}), resume.get("rows", 0)))
+        self.emitted = dict(resume.get("files", {}))
+        self.rows = resume.get("rows", 0)
+        self.replayed_until = resume.get("replayed_until")
         loop = asyncio.get_running_loop()
         reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
         try:
-            await self.emit_all(loop, reader, iter(batches), per_instance)
+            await self.emit_all(loop, reader, iter(batches), per_instance, resume.get("t0"), resume.get("sent", 0))
         finally:
             reader.shutdown(wait=False, cancel_futures=True)
 
-    async def emit_all(self, loop, reader, batches, per_instance) -> None:
-        t0 = time.time()
-        sent = 0
+    def _emitted(self, batch, mark) -> None:
+        self.rows += len(batch)
+        if isinstance(mark, str):
+            self.emitted[mark] = self.emitted.get(mark, 0) + len(batch)
+
+    async def emit_all(self, loop, reader, batches, per_instance, t0: float | None = None, sent: int = 0) -> None:
+        t0 = time.time() if t0 is None else t0
+        self.t0 = t0
         last_due = self.epoch0 if self.replaying else t0
         ahead = loop.run_in_executor(reader, next, batches, None)
         while (item := await ahead) is not None:
             ahead = loop.run_in_executor(reader, next, batches, None)
-            batch, due = item
+            batch, due, mark = item
             n = len(batch)
             if not self.gate.is_set():
+                self.parked.set()
                 await self.gate.wait()
+                self.parked.clear()
             if due is None and per_instance:
                 due = t0 + (sent + n) / per_instance
             if due is not None:
@@ -77,7 +104,9 @@ class Source:
                     cut = self.rows_due(batch, t0, sent, per_instance)
                     if cut:
                         await self.emit(batch.iloc[:cut], time.time())
+                        self._emitted(batch.iloc[:cut], mark)
                         batch, sent = batch.iloc[cut:].reset_index(drop=True), sent + cut
+                        self.sent = sent
                 emitted = due
             else:
                 emitted = time.time()
@@ -85,6 +114,10 @@ class Source:
             sent += len(batch)
             if len(batch):          # a flush may have sent every row already
                 await self.emit(batch, emitted)
+                self._emitted(batch, mark)
+            self.sent = sent
+            if self.replaying:
+                self.replayed_until = mark
 
     def rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
         """How many of ``batch``'s first rows are due by now: by their event time mapped to
@@ -101,7 +134,7 @@ class Source:
         lo, hi = st.time_range
         return self.epoch0 + (t - lo) / (hi - lo) * (st.total_rows / st.rate)
 
-    def _replay_batches(self):
+    def _replay_batches(self, start: float | None = None):
         """Replay on one clock shared by every instance: the event-time span of the whole log
         maps onto the wall time it takes at ``rate``. Each step takes, from every owned file,
         the rows of the next slice of event time (about ``batch_size`` rows for this
@@ -118,6 +151,9 @@ class Source:
         bufs: dict[str, pd.DataFrame] = {}
         t = lo
         first = step * (1 + self.index) / st.parallelism     # the first slice is shorter
+        if start is not None:       # a replacement: every slice before ``start`` was emitted
+            _slice_until(heads, bufs, col, start)
+            t = start
         while heads or bufs:
             t_end = t + (first if t == lo else step)
             parts = _slice_until(heads, bufs, col, t_end)
@@ -125,7 +161,7 @@ class Source:
                 chunk = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
                 if len(parts) > 1:
                     chunk = chunk.iloc[np.argsort(_times(chunk[col]), kind="stable")].reset_index(drop=True)
-                yield chunk, self._replay_wall(t_end)
+                yield chunk, self._replay_wall(t_end), t_end
             t = t_end
 
     def _file_batches(self, f: str):
@@ -137,10 +173,18 @@ class Source:
             self.offsets[f] = self.offsets.get(f, 0) + len(df)
             yield df
 
-    def _source_batches(self):
+    def _source_batches(self, skip: dict | None = None, skip_rows: int = 0):
+        """``(batch, file)`` in the order they are emitted (``file`` None for items);
+        ``skip``/``skip_rows``: rows a replaced instance already emitted, per file / in all."""
         st = self.stage
+        skip = skip or {}
         if st.kind == "iterable_source":
-            yield from iterable_batches(st.items, st.batch_size, st.name)
+            for df in iterable_batches(st.items, st.batch_size, st.name):
+                if skip_rows >= len(df):
+                    skip_rows -= len(df)
+                    continue
+                yield (df.iloc[skip_rows:].reset_index(drop=True) if skip_rows else df), None
+                skip_rows = 0
             return
         import pyarrow.parquet as pq
 
@@ -152,8 +196,9 @@ class Source:
         for f in st.assignment[self.index]:
             pf = pq.ParquetFile(f)
             total[f] = max(pf.metadata.num_rows, 1)
-            readers[f] = pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False)
-            self.offsets[f] = 0
+            readers[f] = _skipping(pf.iter_batches(batch_size=st.batch_size, columns=st.columns,
+                                                   use_threads=False), skip.get(f, 0))
+            self.offsets[f] = skip.get(f, 0)
         while readers or ahead:
             for f in [f for f in readers if f not in ahead]:
                 rb = next(readers[f], None)
@@ -169,7 +214,17 @@ class Source:
                 f = min(ahead, key=lambda name: (self.offsets[name] / total[name], name))
             df = ahead.pop(f)
             self.offsets[f] += len(df)
-            yield df
+            yield df, f
+
+
+def _skipping(batches, rows: int):
+    """Record batches without their first ``rows`` rows."""
+    for rb in batches:
+        if rows >= rb.num_rows:
+            rows -= rb.num_rows
+            continue
+        yield rb.slice(rows) if rows else rb
+        rows = 0
 
 
 def _slice_until(heads: dict, bufs: dict, col: str, t_end: float) -> list[pd.DataFrame]:
