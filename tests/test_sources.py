@@ -16,7 +16,7 @@ def test_a_flush_sends_the_rows_already_due_and_no_row_before_its_time():
     from streamlb._worker._sources import Source
 
     rate, n = 2000.0, 200                        # two batches of 100 ms
-    batches = [(pd.DataFrame({"i": np.arange(k * n, (k + 1) * n)}), None) for k in range(2)]
+    batches = [(pd.DataFrame({"i": np.arange(k * n, (k + 1) * n)}), None, None) for k in range(2)]
     out = []
 
     async def go():

@@ -113,8 +113,10 @@ class ShuffleExchange(_Exchange):
         if not len(x):
             return
         router = self.router
-        for i, piece, cost in router.route(x, self.spec.name):
-            await self.chans[i].send(Batch(piece, emitted), lambda reply, i=i, cost=cost: router.done(i, cost, reply))
+        async with self.lock:           # instances may be added or retired between batches
+            for i, piece, cost in router.route(x, self.spec.name):
+                await self.chans[i].send(Batch(piece, emitted),
+                                         lambda reply, i=i, cost=cost: router.done(i, cost, reply))
 
 
 class KeyedRouter(_Exchange):
