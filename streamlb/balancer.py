@@ -28,11 +28,11 @@ over its home (the owner of its key group) and helpers, each keeping a partial a
 from __future__ import annotations
 
 import abc
-import warnings
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
 import numpy as np
+
+from ._registry import build, registered
 
 __all__ = ["Balancer", "LoadReport", "Move", "Split", "apply_plan", "get_balancer", "available_balancers",
            "check_plan", "complete_plan", "splits_after"]
@@ -304,26 +304,9 @@ def group_moves(old: np.ndarray, new: np.ndarray) -> list[Move]:
 
 def available_balancers() -> dict[str, object]:
     """Entry points of group ``streamlb.balancers`` by name; a clash warns, first wins."""
-    found: dict[str, object] = {}
-    for ep in entry_points(group=GROUP):
-        if ep.name in found and found[ep.name].value != ep.value:
-            warnings.warn(f"balancer {ep.name!r} is registered twice ({found[ep.name].value} and "
-                          f"{ep.value}); using the first", RuntimeWarning, stacklevel=2)
-            continue
-        found.setdefault(ep.name, ep)
-    return found
+    return registered(GROUP, "balancer")
 
 
 def get_balancer(name: str | Balancer, **kwargs) -> Balancer:
     """Build the balancer registered as ``name`` (an instance is returned as is)."""
-    if isinstance(name, Balancer):
-        return name
-    eps = available_balancers()
-    if name not in eps:
-        valid = ", ".join(sorted(eps)) or "(none installed)"
-        raise ValueError(f"unknown balancer {name!r}; valid balancers are {valid}")
-    cls = eps[name].load()
-    bal = cls(**kwargs)
-    if not isinstance(bal, Balancer):
-        raise TypeError(f"balancer {name!r} ({eps[name].value}) is not a streamlb.balancer.Balancer")
-    return bal
+    return build(GROUP, "balancer", Balancer, name, **kwargs)

@@ -18,8 +18,8 @@ True
 from __future__ import annotations
 
 import abc
-import warnings
-from importlib.metadata import entry_points
+
+from ._registry import build, registered
 
 __all__ = ["Scaler", "get_scaler", "scaler_names", "true_rate"]
 
@@ -100,14 +100,7 @@ def true_rate(records: float, busy_seconds: float) -> float | None:
 
 def _available_scalers() -> dict[str, object]:
     """Entry points of group ``streamlb.scalers`` by name; a clash warns, first wins."""
-    found: dict[str, object] = {}
-    for ep in entry_points(group=GROUP):
-        if ep.name in found and found[ep.name].value != ep.value:
-            warnings.warn(f"scaler {ep.name!r} is registered twice ({found[ep.name].value} and "
-                          f"{ep.value}); using the first", RuntimeWarning, stacklevel=2)
-            continue
-        found.setdefault(ep.name, ep)
-    return found
+    return registered(GROUP, "scaler")
 
 
 def scaler_names() -> list[str]:
@@ -139,14 +132,4 @@ def get_scaler(name: str | Scaler, **options) -> Scaler:
     >>> get_scaler("ds2", cooldown=0).cooldown
     0.0
     """
-    if isinstance(name, Scaler):
-        return name
-    eps = _available_scalers()
-    if name not in eps:
-        valid = ", ".join(sorted(eps)) or "(none installed)"
-        raise ValueError(f"unknown scaler {name!r}; valid scalers are {valid}")
-    cls = eps[name].load()
-    scaler = cls(**options)
-    if not isinstance(scaler, Scaler):
-        raise TypeError(f"scaler {name!r} ({eps[name].value}) is not a streamlb.scaler.Scaler")
-    return scaler
+    return build(GROUP, "scaler", Scaler, name, **options)
