@@ -73,6 +73,16 @@ def zipf_frame(zipf_path) -> pd.DataFrame:
     return pd.read_parquet(zipf_path, columns=["key", "value", "event_time"])
 
 
+@pytest.fixture(scope="module")
+def two_workers():
+    """A LocalCluster of 2 worker processes for one test module."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        yield c
+
+
 @pytest.fixture(scope="session", params=[1, 2], ids=["1-worker", "2-workers"])
 def client(request):
     from distributed import Client, LocalCluster

@@ -19,15 +19,6 @@ STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
 AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
 
 
-@pytest.fixture(scope="module")
-def two_workers():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
-            Client(cl) as c:
-        yield c
-
-
 def pipeline(path, rate):
     src = Stream.from_parquet(path, batch_size=10_000, rate=rate)
     totals = src.key_by("key").aggregate(AGG, parallelism=3, name="totals").sink_to_list()

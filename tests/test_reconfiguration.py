@@ -22,15 +22,6 @@ STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
 AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
 
 
-@pytest.fixture(scope="module")
-def two_workers():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
-            Client(cl) as c:
-        yield c
-
-
 WEIGHTS = {"v1": 1, "v2": 10, "v3": 100}
 
 

@@ -19,15 +19,6 @@ G, N = 64, 3
 AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "min": ("value", "min"), "max": ("value", "max")}
 
 
-@pytest.fixture(scope="module")
-def two_workers():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
-            Client(cl) as c:
-        yield c
-
-
 def check_exact(job, emitted, frame):
     """State, and the last value emitted per key, equal pandas over the same rows."""
     truth = frame.groupby("key").agg(**AGG)
