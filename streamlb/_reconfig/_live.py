@@ -218,7 +218,7 @@ class Reconfigurer:
             if leaving & {home, *helpers}:
                 raise ReconfigurationError(
                     f"operator {st.name!r}: key {key!r} is split over instances {[home, *helpers]}; merge it back "
-                    "(Job.split(..., helpers=[])) before retiring any of them")
+                    "(Job.split(..., helpers=[])) before retiring or moving any of them")
 
     def _scale_out(self, st: Stage, m: int, strategy: str, workers) -> None:
         job = self.job
@@ -317,6 +317,8 @@ class Reconfigurer:
                     "keys": 0, "started": t0, "completed": t0}
         if not st.is_source:            # a source that ended still moves (its figures do)
             self._check_running(st, "moved")
+        if st.id in self.job.tables:    # partial aggregates in flight would miss the new actor
+            self._check_splits(st, [i])
         with self._reserved(st, f"moving instance {i} of {operator!r}"):
             keys = self._replace(st, i, worker)
         return {"operator": operator, "kind": "move", "instance": i, "from": frm, "to": worker, "keys": keys,

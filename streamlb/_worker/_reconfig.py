@@ -77,7 +77,7 @@ class Reconfigurable:
         """A source: stop between two batches, let everything emitted be applied downstream,
         and return where the stream stands (``ended``: it had ended already)."""
         src = self.source
-        src.gate.clear()
+        src.handing_over.clear()    # a pause's resume meanwhile does not reopen it
         deadline = time.time() + timeout
         while not src.parked.is_set():
             if self.status == "done":   # it ended: the replacement only keeps its figures
@@ -86,7 +86,7 @@ class Reconfigurable:
             if self.status != "running":
                 raise StreamlbError(f"source {self.label} is {self.status}; it cannot hand its stream over")
             if time.time() > deadline:
-                src.gate.set()
+                src.handing_over.set()
                 raise StreamlbError(f"source {self.label} did not reach a batch boundary within {timeout:g}s")
             await asyncio.sleep(0.002)
         for ex in self.exchanges.values():

@@ -38,7 +38,9 @@ class Source:
         self.rows = 0                           # rows in all (iterable sources)
         self.replayed_until: float | None = None    # event time every slice before was emitted
         self.t0, self.sent = 0.0, 0
-        self.parked = asyncio.Event()           # waiting at the closed gate, between two batches
+        self.parked = asyncio.Event()           # waiting at a closed gate, between two batches
+        self.handing_over = asyncio.Event()     # a replacement takes over: stay parked for good
+        self.handing_over.set()                 # (set: not handing over)
 
     def position(self) -> dict:
         """Where the stream is, once parked: a replacement started with it emits exactly
@@ -81,9 +83,10 @@ class Source:
             ahead = loop.run_in_executor(reader, next, batches, None)
             batch, due, mark = item
             n = len(batch)
-            if not self.gate.is_set():
+            if not self.gate.is_set() or not self.handing_over.is_set():
                 self.parked.set()
-                await self.gate.wait()
+                await self.gate.wait()                  # a pause
+                await self.handing_over.wait()          # a hand-over (never reopened once done)
                 self.parked.clear()
             if due is None and per_instance:
                 due = t0 + (sent + n) / per_instance
