@@ -103,7 +103,8 @@ class RetireGuard(SchedulerPlugin):
                 return
             await asyncio.sleep(0.05)
         raise RuntimeError(f"streamlb: instances of jobs {', '.join(sorted(jobs))} are still on "
-                           f"{', '.join(addrs)} after they moved; retirement refused")
+                           f"{', '.join(addrs)}; retirement refused (a job that is no longer running keeps its "
+                           "instances, and their state, until Job.stop(): stop it first)")
 
     def log_event(self, topic, msg) -> None:
         if topic != RETIRED or not isinstance(msg, dict) or msg.get("id") not in self.pending:
@@ -122,23 +123,41 @@ def ensure_guard(client) -> None:
         client.register_plugin(RetireGuard())
 
 
+_DRAINERS: dict[int, dict[str, "Drainer"]] = {}     # id(client) -> job id -> its drainer
+
+
+def _dispatch(client_id: int, event) -> None:
+    for d in list(_DRAINERS.get(client_id, {}).values()):
+        d.on_event(event)
+
+
 class Drainer:
     """A job's side: on ``streamlb-retiring`` naming this job, move its instances off the
-    retiring workers (in a thread: the handler runs on the client's event loop) and answer."""
+    retiring workers (in a thread: the handler runs on the client's event loop) and answer.
+    A client subscribes once; its jobs share the subscription."""
 
     def __init__(self, job) -> None:
         self.job = job
         self.moves: list[dict] = []
-        ensure_guard(job.client)
-        job.client.subscribe_topic(RETIRING, self._on_event)
+        client = job.client
+        ensure_guard(client)
+        jobs = _DRAINERS.setdefault(id(client), {})
+        if not jobs:
+            client.subscribe_topic(RETIRING, functools.partial(_dispatch, id(client)))
+        jobs[job.id] = self
 
     def close(self) -> None:
-        try:
-            self.job.client.unsubscribe_topic(RETIRING)
-        except Exception:
-            pass
+        client = self.job.client
+        jobs = _DRAINERS.get(id(client), {})
+        jobs.pop(self.job.id, None)
+        if not jobs:
+            _DRAINERS.pop(id(client), None)
+            try:
+                client.unsubscribe_topic(RETIRING)
+            except Exception:
+                pass
 
-    def _on_event(self, event) -> None:
+    def on_event(self, event) -> None:
         _, msg = event
         if not isinstance(msg, dict) or self.job.id not in msg.get("jobs", ()):
             return
