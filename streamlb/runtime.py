@@ -98,7 +98,6 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     from ._migration import check_strategy
     from .balancer import get_balancer
     from .keygroups import check_key_groups
-
     from .scaler import get_scaler
 
     scaling = None
@@ -155,7 +154,6 @@ class Job:
                  migration: str | None = None, balancer_options: dict | None = None) -> None:
         from . import _placement
         from ._migration import open_control
-
         from ._reconfig import Reconfigurer
         from ._reconfig._retire import Drainer
 
@@ -556,7 +554,7 @@ class Job:
 
     def metrics(self) -> pd.DataFrame:
         """One row per instance per load window (see ``METRIC_COLUMNS``)."""
-        rows = [r for f in [a.metrics() for a in self.actors.values()] for r in f.result()]
+        rows = [r for f in [a.metrics() for a in list(self.actors.values())] for r in f.result()]
         return pd.DataFrame(self._retired_metrics + rows, columns=METRIC_COLUMNS)
 
     def summary(self) -> dict:

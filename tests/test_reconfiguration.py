@@ -311,12 +311,18 @@ def test_ds2_scales_out_on_a_step_in_the_rate_and_back_in_after(two_workers, tmp
     assert counts["n"].sort_index().tolist() == df.groupby("key").size().tolist()
 
 
+def times(k):
+    def f(b):
+        return b.assign(double=b.value * k)
+    return f
+
+
 def test_a_stage_behind_rebalance_rescales_and_moves(two_workers, one_file, tmp_path):
     """Stateless instances come and go: every row is written once, to the list and to Parquet."""
     path, df = one_file
     out = str(tmp_path / "out")
     src = Stream.from_parquet(path, batch_size=3000, rate=30_000)                 # about 4 s
-    mapped = src.rebalance(parallelism=3).map(lambda b: b.assign(double=b.value * 2))
+    mapped = src.rebalance(parallelism=3).map(times(2), stream_name="double")
     rows = mapped.sink_to_list()
     mapped.to_parquet(out)
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
@@ -327,9 +333,13 @@ def test_a_stage_behind_rebalance_rescales_and_moves(two_workers, one_file, tmp_
         job.move_instance("rebalance", 4, next(w for w in job.workers if w != here))
         time.sleep(0.3)
         assert job.rescale("rebalance", 2) == 2
+        job.update("double", times(3))        # markers through the shuffle, one cut
         job.wait(timeout=120)
     got = pd.concat(rows).sort_values("rid").reset_index(drop=True)
     np.testing.assert_array_equal(got.rid.to_numpy(), df.rid.to_numpy())
-    np.testing.assert_allclose(got.double.to_numpy(), df.value.to_numpy() * 2)
+    factor = got.double.to_numpy() / df.value.to_numpy()
+    assert set(np.round(factor, 6)) <= {2.0, 3.0}
+    cut = np.flatnonzero(np.round(factor) == 3)
+    assert len(cut) and (np.round(factor[cut[0]:]) == 3).all()      # 2 before the cut, 3 from it
     written = pd.read_parquet(out).sort_values("rid").reset_index(drop=True)
     np.testing.assert_array_equal(written.rid.to_numpy(), df.rid.to_numpy())
