@@ -12,6 +12,7 @@ import time
 
 from ..exceptions import StreamlbError
 from ._channels import Peer
+from ._messages import PeerEnd
 
 
 class Reconfigurable:
@@ -22,16 +23,26 @@ class Reconfigurable:
         """The instances of this stage, by index: ``(address, actor key[, run])``. A new or
         replaced sibling is numbered from 0 on the control lane, both ways."""
         peers = [(a, k, int(r[0]) if r else 0) for a, k, *r in siblings]
+        new = []
         for j, (a, k, r) in enumerate(peers):
             old = self.siblings[j] if j < len(self.siblings) else None
             if old is None or (old.address, old.key) != (a, k):
                 self.numbered.reset(j)
                 self.ctl.add_sender(j, r)
+                self.peer_ends.discard(j)
+                new.append(j)
         for j in range(len(peers), len(self.siblings)):
             self.numbered.reset(j)
             self.ctl.remove_sender(j)
+            self.peer_ends.discard(j)       # a retired sibling's end no longer counts
         self.siblings = [Peer(self.worker, a, k) for a, k, _ in peers]
         self.combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
+        if self.finishing and self.combines:
+            # this one ended before it knew them: a new sibling waits for its end too
+            for j in new:
+                if j != self.index:
+                    self.tasks.spawn(self.send_control(j, PeerEnd(self.index)))
+        self._wake.set()
 
     async def add_sender(self, index: int, run: int = 0) -> None:
         """Upstream instance ``index`` (incarnation ``run``) sends here from now on."""
