@@ -343,3 +343,27 @@ def test_a_stage_behind_rebalance_rescales_and_moves(two_workers, one_file, tmp_
     assert len(cut) and (np.round(factor[cut[0]:]) == 3).all()      # 2 before the cut, 3 from it
     written = pd.read_parquet(out).sort_values("rid").reset_index(drop=True)
     np.testing.assert_array_equal(written.rid.to_numpy(), df.rid.to_numpy())
+
+
+def test_two_jobs_of_one_client_both_drain_a_retiring_worker(one_file):
+    from distributed import Client, LocalCluster
+
+    path, df = one_file
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
+            Client(cl) as c:
+        jobs = []
+        for name in ("a", "b"):
+            src = Stream.from_parquet(path, batch_size=4000, rate=30_000)
+            src.key_by("key").aggregate(AGG, parallelism=3, name=name)
+            jobs.append(streamlb.run(src, client=c, key_groups=G))
+        try:
+            victim = sorted(c.scheduler_info()["workers"])[0]
+            assert all(victim in j.workers_of.values() for j in jobs)
+            assert victim in c.retire_workers([victim])
+            for j, name in zip(jobs, "ab"):
+                assert victim not in j.workers_of.values()
+                j.wait(timeout=120)
+                pd.testing.assert_frame_equal(j.state(name), df.groupby("key").agg(**AGG), check_dtype=False)
+        finally:
+            for j in jobs:
+                j.stop()
