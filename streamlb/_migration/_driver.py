@@ -161,7 +161,11 @@ class PluginControl(Control):
 
     def hold(self, operators: list[str]) -> None:
         self.control.hold_sync(operators)       # the driver's copy checks the names
-        self._ask("streamlb_hold", operators=operators)
+        try:
+            self._ask("streamlb_hold", operators=operators)
+        except BaseException:
+            self.control.release(operators)
+            raise
 
     def release(self, operators: list[str]) -> None:
         self.control.release(operators)
