@@ -111,14 +111,14 @@ def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, re
         The worker address of each instance connected.
     """
     by_stage = {st.id: peers(actors, st) for st in stages}
+    siblings = {st.id: peers(actors, st, runs or {}) for st in stages}
     downstream = {st.id: [d.id for d in stages if d.upstream == st.id] for st in stages}
     keys = list(actors if keys is None else keys)
     calls = []
     for sid, i in keys:
         outs = {d: by_stage[d] for d in downstream[sid]}
-        siblings = peers(actors, next(st for st in stages if st.id == sid), runs or {})
         calls.append(actors[(sid, i)].connect(outs, {d: tables[d] for d in outs if d in tables},
-                                              exchanges, siblings, report))
+                                              exchanges, siblings[sid], report))
     return dict(zip(keys, [c.result() for c in calls]))
 
 

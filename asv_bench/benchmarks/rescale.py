@@ -103,7 +103,7 @@ def _stop_snapshot_restart(job, op: str) -> dict:
     return t
 
 
-def _run(client, path: str, case: str) -> dict:
+def _run(client, path: str, case: str, key_groups: int | None = 256) -> dict:
     from streamz import Stream
 
     import streamlb
@@ -112,7 +112,7 @@ def _run(client, path: str, case: str) -> dict:
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=FROM, name="n")
     phases: dict = {}
     t0, cpu0 = time.time(), _cpu()
-    with streamlb.run(src, client=client, key_groups=256, window=0.1) as job:
+    with streamlb.run(src, client=client, key_groups=key_groups, window=0.1) as job:
         time.sleep(MOVE_AT)
         held = sum(job.state_size("n").values())
         _say(f"{case}: {held:,} keys held on {job.parallelism('n')} instances; rescaling to {TO}")
@@ -159,8 +159,9 @@ def _run(client, path: str, case: str) -> dict:
     return out
 
 
-def measure(path: str | None = None) -> dict:
-    """Every case, each on a fresh 2-worker cluster: {case: figures}."""
+def measure(path: str | None = None, key_groups: int | None = 256) -> dict:
+    """Every case, each on a fresh 2-worker cluster: {case: figures}. ``key_groups=None``:
+    the setting's default (``streamlb.key-groups``) instead of the benchmark's 256."""
     import streamlb
 
     path = path or zipf_dataset(ROWS, KEYS, 0.0, partitions=4)
@@ -169,7 +170,7 @@ def measure(path: str | None = None) -> dict:
     for case in CASES:
         cl, client = cluster(2)
         with cl, client:
-            out[case] = _run(client, path, case)
+            out[case] = _run(client, path, case, key_groups)
     return out
 
 
@@ -213,7 +214,7 @@ class Rescale(_OneShot):
     track_rescale_seconds.unit = "s"
 
 
-if __name__ == "__main__":      # python -m benchmarks.rescale, from asv_bench/
+if __name__ == "__main__":      # python -m benchmarks.rescale [--default-key-groups], from asv_bench/
     import json
 
-    print(json.dumps(measure(), indent=1))
+    print(json.dumps(measure(key_groups=None if "--default-key-groups" in sys.argv else 256), indent=1))

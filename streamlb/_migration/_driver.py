@@ -172,12 +172,11 @@ class PluginControl(Control):
         self._ask("streamlb_release", operators=operators)
 
     def update_topology(self, topology: dict) -> None:
-        self._ask("streamlb_topology", topology=topology)
+        tables = self._ask("streamlb_topology", topology=topology)
         # this copy's tables lag the plugin's (the plugin's balancer and the rescale moved
         # groups there): take them before the owners change
         for name, t in topology["operators"].items():
-            state = self._ask("streamlb_routing", operator=name)
-            self.control.operators[name].table = table_from_state(state, len(t["owners"]))
+            self.control.operators[name].table = table_from_state(tables[name], len(t["owners"]))
         self.control.update_topology(topology)
 
     def set_table(self, operator: str, table: RoutingTable) -> None:

@@ -156,11 +156,13 @@ class BalancerPlugin(SchedulerPlugin):
     def release_handler(self, job: str, operators: list) -> None:
         self._job(job).control.release(operators)
 
-    def topology_handler(self, job: str, topology: dict) -> None:
-        self._job(job).control.update_topology(topology)
+    def topology_handler(self, job: str, topology: dict) -> dict:
+        """New peers of ``job``; answers the routing table of each keyed operator."""
         j = self._job(job)
+        j.control.update_topology(topology)
         for name in topology["operators"]:
             j.windows.pop(name, None)       # windows half reported by the old instances
+        return {name: table_state(op.table) for name, op in j.control.operators.items()}
 
     def autoscale_handler(self, job: str, decision: dict, wanted: dict) -> None:
         a = self._job(job).autoscale

@@ -26,6 +26,7 @@ import numpy as np
 from .. import config
 from ..exceptions import MigrationError, PipelineError, ReconfigurationError
 from ..planner import Stage
+from ..routing import RoutingTable
 from ._plan import spread
 
 
@@ -377,7 +378,7 @@ class Reconfigurer:
     def update(self, operator: str, func) -> dict:
         """See :meth:`streamlb.Job.update`."""
         from ..planner import _ship
-        from ._update import check_function, find_function, step_at
+        from ._update import check_function, find_function, set_function, step_at
 
         job = self.job
         st, path, old = find_function(job.plan, operator)
@@ -401,10 +402,7 @@ class Reconfigurer:
                     if time.time() > deadline:
                         raise ReconfigurationError(f"update of {operator!r}: epoch {epoch} not aligned "
                                                    f"after {timeout:g}s")
-        # the planner's copy too, so instances created later run the new function
-        from ._update import set_function
-
-        set_function(st, path, shipped)
+        set_function(st, path, shipped)     # the planner's copy: instances created later run it
         return {"operator": operator, "kind": "update", "epoch": epoch, "started": t0, "completed": time.time()}
 
     def _update_epoch(self, st: Stage) -> int:
@@ -413,8 +411,6 @@ class Reconfigurer:
         job = self.job
         if st.id in job.tables:
             t = job._migrations.routing(st.name)
-            from ..routing import RoutingTable
-
             nxt = RoutingTable(t.owners, t.parallelism, t.epoch + 1, splits=t.splits)
             job._migrations.set_table(st.name, nxt)
             return nxt.epoch
