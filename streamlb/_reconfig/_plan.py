@@ -13,9 +13,9 @@ def spread(owners, parallelism: int) -> dict[int, int]:
     Examples
     --------
     >>> spread([0, 0, 0, 0, 1, 1, 1, 1], 4)
-    {2: 2, 3: 3, 6: 2, 7: 3}
+    {2: 2, 3: 2, 6: 3, 7: 3}
     >>> spread([0, 1, 2, 3, 0, 1, 2, 3], 2)
-    {2: 0, 3: 1, 6: 0, 7: 1}
+    {2: 0, 3: 0, 6: 1, 7: 1}
     """
     owners = np.asarray(owners, dtype=np.int64)
     G = len(owners)
@@ -31,12 +31,8 @@ def spread(owners, parallelism: int) -> dict[int, int]:
             kept[o] += 1
         else:
             free.append(g)
-    # the targets in turn, so consecutive freed groups go to different instances
-    slots = []
-    left = {i: quota[i] - kept[i] for i in range(parallelism)}
-    while any(left.values()):
-        for i in range(parallelism):
-            if left[i]:
-                slots.append(i)
-                left[i] -= 1
+    # each target takes its share of the freed groups as one run, in group order: an old
+    # owner then gives each new one a range (few, larger messages per epoch), and every
+    # instance's groups stay in ranges, which its state's shards follow
+    slots = [i for i in range(parallelism) for _ in range(quota[i] - kept[i])]
     return dict(zip(free, slots))

@@ -19,6 +19,15 @@ from ._shards import _AggShard, _PendingSplit
 # stalls the event loop for O(all state). Small states keep one shard: no partition cost.
 SHARD_KEYS = 1 << 17
 
+# Installing into a shard that holds keys rehashes it as it grows: below this many live
+# keys that is cheap, and the shard takes the incoming groups; a larger one has the
+# incoming groups carved out as a shard of their own. Carving every install apart would
+# leave one small shard per install (a fluid migration installs a few groups per epoch),
+# and each batch would then pay the per-shard cost many times over.
+def _carve_above() -> int:
+    return SHARD_KEYS // 2
+
+
 # Shards of integer keys this large split in a background thread (pandas' integer hash
 # tables are built without the GIL), so the event loop never stalls for a split; smaller
 # shards, and shards of string keys, split at once.
@@ -235,7 +244,7 @@ class AggregateState(StateStore):
             for s in np.unique(at).tolist():
                 sh, sel = shards[s], at == s
                 kg = part["key_groups"][sel]
-                if sh.live:
+                if sh.live >= _carve_above():
                     sh = self._carve(sh, int(kg.min()), int(kg.max()) + 1, len(kg)) or sh
                 sh._put(part["keys"][sel], kg, {k: v[sel] for k, v in tables.items()})
         self._split_large(list(self.shards))
@@ -289,7 +298,8 @@ class AggregateState(StateStore):
     def reserve(self, groups) -> None:
         """Make room for incoming key groups ahead of their state: a shard of their own
         where no key held here lies in their range, so installs never rehash or split the
-        shards holding this instance's own keys."""
+        large shards holding this instance's own keys (a small one takes them, see
+        :func:`_carve_above`)."""
         groups = np.unique(np.asarray(list(groups), np.int64))
         if not len(groups):
             return
@@ -297,7 +307,7 @@ class AggregateState(StateStore):
         shards = list(self.shards)
         for s in np.unique(at).tolist():
             gs = groups[at == s]
-            if shards[s].live:
+            if shards[s].live >= _carve_above():
                 self._carve(shards[s], int(gs.min()), int(gs.max()) + 1, 0)
 
     def _carve(self, sh: "_AggShard", lo: int, hi: int, size: int) -> "_AggShard | None":
