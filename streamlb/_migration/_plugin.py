@@ -28,6 +28,7 @@ from collections import defaultdict, deque
 import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .. import _observe as observe
 from .. import config
 from ..balancer import check_plan, complete_plan, get_balancer
 from ._control import JobControl, actor_caller, table_from_state, table_state
@@ -110,8 +111,10 @@ class BalancerPlugin(SchedulerPlugin):
         app = getattr(scheduler, "http_application", None)
         if app is not None:
             app.add_handlers(r".*", [(r"/streamlb/state.json", _StateHandler, {"plugin": self})])
+        observe.attach(self, scheduler)
 
     async def close(self) -> None:
+        observe.detach(self)
         for job in self.jobs.values():
             for t in job.tasks:
                 t.cancel()
