@@ -30,6 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _observe as observe
 from .. import config
+from .._observe._totals import count_report, forget
 from ..balancer import check_plan, complete_plan, get_balancer
 from ._control import JobControl, actor_caller, table_from_state, table_state
 from ._epochs import check_strategy, migrate
@@ -129,6 +130,7 @@ class BalancerPlugin(SchedulerPlugin):
     def unregister_job(self, job: str) -> None:
         j = self.jobs.pop(job, None)
         if j is not None:
+            forget(j)                   # its Prometheus totals
             for t in j.tasks:
                 t.cancel()
 
@@ -218,6 +220,7 @@ class BalancerPlugin(SchedulerPlugin):
                                     groups=groups, counts=counts, latency_p99_ms=latency_p99_ms, final=final,
                                     hot=hot, routed=routed, latency_hist=latency_hist, parallelism=parallelism)
         slot[place] = entry
+        count_report(j, op, place, entry)
         for ws in sorted(win):
             if len(win[ws]) == op.table.parallelism + len(op.routers):
                 self._evaluate(j, operator, ws, win.pop(ws))
