@@ -42,7 +42,15 @@ GROUP = "streamlb.balancers"
 
 @dataclass(frozen=True)
 class Move:
-    """Move ``key_groups`` from ``from_instance`` to ``to_instance``."""
+    """Move ``key_groups`` from ``from_instance`` to ``to_instance``.
+
+    Parameters
+    ----------
+    key_groups : tuple of int
+        The key groups to move, all owned by ``from_instance``.
+    from_instance, to_instance : int
+        The current and the new owner.
+    """
 
     key_groups: tuple[int, ...]
     from_instance: int
@@ -167,6 +175,7 @@ class LoadReport:
 
     @property
     def key_groups(self) -> int:
+        """The number of key groups G."""
         return len(self.owners)
 
     def instance_load(self, owners: np.ndarray | None = None, splits: dict | None = None) -> np.ndarray:
@@ -197,18 +206,57 @@ class LoadReport:
 
 
 class Balancer(abc.ABC):
-    """A load-balancing policy: one pure, deterministic method."""
+    """A load-balancing policy: one pure, deterministic method.
+
+    Subclass it, implement :meth:`plan` and register the class in the entry-point group
+    ``streamlb.balancers`` (see docs/writing-a-balancer.md).
+
+    Attributes
+    ----------
+    name : str
+        The name the policy is registered under in ``streamlb.balancers``.
+    wants_hot_keys : bool
+        Set it to True on the class to receive ``hot_keys`` in reports (the routers then
+        count the heaviest keys); False if absent.
+    """
 
     name: str = ""
 
     @abc.abstractmethod
     def plan(self, report: LoadReport) -> list[Move]:
-        """The moves to make now; ``[]`` for none."""
+        """The moves to make now; ``[]`` for none.
+
+        Parameters
+        ----------
+        report : LoadReport
+            The load of one keyed operator over the last window.
+
+        Returns
+        -------
+        list of Move and Split
+            Carried out in one epoch; the same report must always give the same plan.
+        """
 
 
 def apply_plan(owners: np.ndarray, plan: list) -> np.ndarray:
-    """The routing table after the moves of ``plan``; raise ValueError for a move that does
-    not fit (splits do not change ownership)."""
+    """The routing table after the moves of ``plan`` (splits do not change ownership).
+
+    Parameters
+    ----------
+    owners : ndarray of int, shape (G,)
+        Key group -> instance before the plan.
+    plan : list of Move and Split
+
+    Returns
+    -------
+    ndarray of int, shape (G,)
+        A new array; ``owners`` is left as it was.
+
+    Raises
+    ------
+    ValueError
+        For a move of a key group outside ``0..G-1`` or not owned by its ``from_instance``.
+    """
     out = np.array(owners, dtype=np.int64, copy=True)
     for mv in plan:
         if isinstance(mv, Split):
@@ -230,6 +278,11 @@ def check_plan(report: LoadReport, plan: list) -> np.ndarray:
     A plan is carried out in this order: merges back (``Split`` with no helpers), splits,
     then moves. So a key group may move only if no key of it is split once the plan is
     carried out, and a split's helpers must differ from its key's home.
+
+    Raises
+    ------
+    ValueError
+        Naming the operator and the move or split that breaks a rule.
     """
     for mv in plan:
         if isinstance(mv, Move):
@@ -303,10 +356,38 @@ def group_moves(old: np.ndarray, new: np.ndarray) -> list[Move]:
 
 
 def available_balancers() -> dict[str, object]:
-    """Entry points of group ``streamlb.balancers`` by name; a clash warns, first wins."""
+    """Entry points of group ``streamlb.balancers`` by name; a clash warns, first wins.
+
+    Examples
+    --------
+    >>> {"static", "autoflow", "greedy", "hybrid"} <= set(available_balancers())
+    True
+    """
     return registered(GROUP, "balancer")
 
 
 def get_balancer(name: str | Balancer, **kwargs) -> Balancer:
-    """Build the balancer registered as ``name`` (an instance is returned as is)."""
+    """Build the balancer registered as ``name`` (an instance is returned as is).
+
+    Parameters
+    ----------
+    name : str or Balancer
+        A name from :func:`available_balancers`.
+    **kwargs
+        Keyword options of the balancer's constructor.
+
+    Returns
+    -------
+    Balancer
+
+    Raises
+    ------
+    ValueError
+        If no balancer is registered as ``name``; the message lists the valid names.
+
+    Examples
+    --------
+    >>> get_balancer("static").plan(LoadReport("op", np.array([0, 1]), np.array([9.0, 1.0]), 2))
+    []
+    """
     return build(GROUP, "balancer", Balancer, name, **kwargs)

@@ -32,7 +32,23 @@ _session = None
 
 
 def check_java(min_version: int = 17) -> str:
-    """Return the path of a usable ``java``; raise JavaNotFoundError saying what to install."""
+    """Return the path of a usable ``java``.
+
+    Parameters
+    ----------
+    min_version : int
+        The oldest Java major version accepted (PySpark 4 needs 17).
+
+    Returns
+    -------
+    str
+        ``$JAVA_HOME/bin/java`` if ``JAVA_HOME`` is set, else the ``java`` on ``PATH``.
+
+    Raises
+    ------
+    JavaNotFoundError
+        If there is no ``java`` or it is older than ``min_version``, saying what to install.
+    """
     home = os.environ.get("JAVA_HOME")
     if home:
         java = os.path.join(home, "bin", "java")
@@ -61,7 +77,22 @@ def check_java(min_version: int = 17) -> str:
 
 
 def spark_session(shuffle_partitions: int = 2):
-    """One local Spark session per process, on loopback, with the settings that matter here."""
+    """One local Spark session per process, on loopback, with the settings that matter here.
+
+    Parameters
+    ----------
+    shuffle_partitions : int
+        ``spark.sql.shuffle.partitions`` (used only by the call that creates the session).
+
+    Returns
+    -------
+    pyspark.sql.SparkSession
+
+    Raises
+    ------
+    JavaNotFoundError
+        If no usable Java runtime is found (see :func:`check_java`).
+    """
     global _session
     if _session is not None:
         return _session
@@ -195,7 +226,19 @@ def _manifest(out: str, params: dict) -> dict:
 
 
 def read_manifest(path: str) -> dict:
-    """The ``_manifest.json`` of a prepared dataset."""
+    """The ``_manifest.json`` of a prepared dataset.
+
+    Parameters
+    ----------
+    path : str
+        The dataset's directory, as given to :func:`zipf` or :func:`nexmark`.
+
+    Returns
+    -------
+    dict
+        ``params`` (the arguments it was written with), ``rows`` (total) and ``files``
+        (each file's ``path``, relative to ``path``, and ``rows``).
+    """
     with open(os.path.join(path, "_manifest.json")) as fh:
         return json.load(fh)
 
@@ -203,6 +246,9 @@ def read_manifest(path: str) -> dict:
 def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: int | None = None,
          seed: int = 0, progress: bool = False) -> dict:
     """Write ``rows`` rows of Zipf-distributed keys as partitioned Parquet.
+
+    Columns: ``key`` int64, ``value`` float64 (integers 0..999, so sums are exact),
+    ``event_time`` timestamp (one row per millisecond from 2026-01-01, by row id).
 
     Parameters
     ----------
@@ -218,14 +264,17 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
         Rotate the set of hot keys every this many records (by row order, i.e. event time).
     seed : int
         Same seed, same files.
+    progress : bool
+        Show a progress bar of Spark tasks.
 
     Returns
     -------
     dict
         The manifest: parameters, total rows and rows per file.
 
-    Columns: ``key`` int64, ``value`` float64 (integers 0..999, so sums are exact),
-    ``event_time`` timestamp (one row per millisecond from 2026-01-01, by row id).
+    See Also
+    --------
+    read_manifest, nexmark
     """
     _check(path, rows, partitions)
     if not isinstance(keys, (int, np.integer)) or keys < 1:
@@ -265,6 +314,27 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
     (bids), ``category`` (auctions), ``event_time``. Hot ratios as in NEXMark: a bid goes to
     one of the few hottest auctions with probability 1 - 1/hot_auction_ratio, and likewise
     bidders and sellers. Partitioned round-robin by event id (``id % partitions``).
+
+    Parameters
+    ----------
+    path : str
+        Output directory (replaced if it exists).
+    events : int
+        Events to write.
+    partitions : int
+        Log partitions, one directory ``part=<i>`` each.
+    seed : int
+        Same seed, same files.
+    hot_auction_ratio, hot_bidder_ratio, hot_seller_ratio : int
+        A bid goes to a hot auction, a bid comes from a hot bidder, an auction from a hot
+        seller, with probability ``1 - 1/ratio``.
+    progress : bool
+        Show a progress bar of Spark tasks.
+
+    Returns
+    -------
+    dict
+        The manifest: parameters, total rows and rows per file.
     """
     _check(path, events, partitions)
     for name, r in (("hot_auction_ratio", hot_auction_ratio), ("hot_bidder_ratio", hot_bidder_ratio),

@@ -156,6 +156,9 @@ class key_by(_Described):
 class aggregate(_Described):
     """Vectorised keyed aggregation, as pandas named aggregation.
 
+    Emits, per batch applied, a DataFrame indexed by key with the current value of every
+    aggregate for the keys that batch touched (an update stream).
+
     Parameters
     ----------
     spec : mapping
@@ -170,8 +173,12 @@ class aggregate(_Described):
         batch, the instance waits for the batch's total without blocking its worker, as an
         instance of fixed capacity would (see docs/runtime.md).
 
-    Emits, per batch applied, a DataFrame indexed by key with the current value of every
-    aggregate for the keys that batch touched (an update stream).
+    Examples
+    --------
+    >>> from streamz import Stream
+    >>> src = Stream.from_parquet("data/zipf")
+    >>> totals = src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")},
+    ...                                      name="totals")
     """
 
     def __init__(self, upstream, spec, parallelism=None, name=None, cost=None, **kwargs):
@@ -206,10 +213,30 @@ class aggregate(_Described):
 class stateful_map(_Described):
     """Per-record function with per-key state.
 
-    ``func(state, record) -> (state, output)``; ``state`` is None for a key's first record and
-    ``record`` is a dict of column name to value. State must be picklable. Emits a DataFrame
-    with the key column and an ``output`` column, one row per record, in per-key order.
-    ``cost`` emulates a service time per record, as for :class:`aggregate`.
+    Emits a DataFrame with the key column and an ``output`` column, one row per record, in
+    per-key order.
+
+    Parameters
+    ----------
+    func : callable
+        ``func(state, record) -> (state, output)``; ``state`` is None for a key's first
+        record and ``record`` is a dict of column name to value. State must be picklable.
+    parallelism : int, optional
+        Instances (default: setting ``streamlb.parallelism``, else one per worker).
+    name : str, optional
+        Operator name for ``Job.state(name)``, ``Job.update`` and metrics (default
+        ``"stateful_map"``).
+    cost : float or str, optional
+        Emulated service time per record, as for :meth:`aggregate`.
+
+    Examples
+    --------
+    >>> from streamz import Stream
+    >>> def running_total(state, record):
+    ...     total = (state or 0) + record["value"]
+    ...     return total, total
+    >>> src = Stream.from_parquet("data/zipf")
+    >>> totals = src.key_by("key").stateful_map(running_total, name="running")
     """
 
     def __init__(self, upstream, func, parallelism=None, name=None, cost=None, **kwargs):
@@ -233,7 +260,7 @@ class rebalance(_Described):
     parallelism : int, optional
         Instances of the next stage.
     cost : float or str, optional
-        Emulated service time per record in the next stage, as for :class:`aggregate`.
+        Emulated service time per record in the next stage, as for :meth:`aggregate`.
     balancer : str
         ``round_robin`` (default: whole batches in turn), ``jsq`` (each batch to the
         instance with the fewest batches in flight) or ``osg`` (record groups to the
@@ -271,6 +298,11 @@ class to_parquet(Sink):
 
     Each instance writes its own ``part-<stage>-<instance>.parquet``. Files appear only when
     the job completes, followed by a ``_SUCCESS`` marker; a failed job leaves neither.
+
+    Parameters
+    ----------
+    path : str
+        Output directory.
     """
 
     def __init__(self, upstream, path, **kwargs):

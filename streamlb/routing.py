@@ -72,6 +72,7 @@ class RoutingTable:
 
     @property
     def key_groups(self) -> int:
+        """The number of key groups G."""
         return len(self.owners)
 
     def route(self, key_groups: np.ndarray) -> np.ndarray:
