@@ -45,7 +45,7 @@ def main(workdir: str) -> None:
     print("state equals pandas over the same files")
 
     # the recorded load, replayed with no cluster: moving groups alone cannot balance it
-    from streamlb.simulate import simulate, summarize
+    from streamlb.simulator import simulate, summarize
 
     replay = summarize({b: simulate(trace, b) for b in ("static", "autoflow", "hybrid")})
     print(replay[["mean_imbalance", "max_split_keys"]].to_string())

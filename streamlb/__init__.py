@@ -26,8 +26,27 @@ from . import latency
 
 __version__ = "0.1.0"
 
+# Submodules loaded on first use: ``import streamlb`` stays light (no PySpark, no
+# matplotlib), and ``streamlb.datasets.zipf(...)`` works without importing it first.
+_LAZY_MODULES = ("datasets", "simulator", "scaler", "cli", "config")
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "simulate":          # the function; the module is streamlb.simulator
+        return importlib.import_module(f"{__name__}.simulator").simulate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_MODULES, "simulate"})
+
 __all__ = [
     "run",
+    "simulate",
     "Job",
     "METRIC_COLUMNS",
     "latency",

@@ -40,6 +40,8 @@ def quantile(counts, q: float) -> float:
     if total <= 0:
         return float("nan")
     cum = np.cumsum(counts)
+    if q * total <= 0:              # the smallest latency: the lower edge of the first bin used
+        return float(EDGES_MS[int(np.flatnonzero(counts)[0])])
     i = int(np.searchsorted(cum, q * total, side="left"))
     i = min(i, BINS - 1)
     lo, hi = EDGES_MS[i], EDGES_MS[i + 1]

@@ -1,11 +1,13 @@
 """``run``: plan a streamz graph, place its instances as Dask actors, and the ``Job`` handle."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
 import time
 import uuid
+import weakref
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,31 @@ from .planner import Plan, Stage, plan
 from .routing import RoutingTable
 
 __all__ = ["run", "Job", "METRIC_COLUMNS"]
+
+logger = logging.getLogger("streamlb.job")
+
+# Jobs still running, stopped at interpreter exit before Dask closes its clusters (atexit
+# runs handlers last registered first, and ours is registered once a client exists): a job
+# left running would otherwise see its workers retired under it and its client retry a
+# scheduler that is gone, logging errors at exit.
+_live_jobs: "weakref.WeakSet[Job]" = weakref.WeakSet()
+_exit_hook = False
+
+
+def _stop_live_jobs() -> None:
+    for job in list(_live_jobs):
+        try:
+            job.stop()
+        except Exception:           # exiting: nothing left to report to
+            pass
+
+
+def _track(job: "Job") -> None:
+    global _exit_hook
+    _live_jobs.add(job)
+    if not _exit_hook:
+        atexit.register(_stop_live_jobs)
+        _exit_hook = True
 
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
@@ -200,6 +227,10 @@ class Job:
         self._drainer = Drainer(self)       # retiring workers: move the instances off first
         _placement.start(self.actors, plan.stages)
         self.started_at = time.time()
+        _track(self)
+        logger.info("job %s started: %s on %d workers, balancer %s, migration %s", self.id,
+                    ", ".join(f"{st.name}x{st.parallelism}" for st in plan.stages),
+                    len(set(self.workers_of.values())), balancer, migration)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _poll(self) -> list[dict]:
@@ -298,8 +329,8 @@ class Job:
 
     def load_trace(self, operator: str):
         """The load the balancer plugin saw for ``operator``, window by window (the last
-        ``streamlb.balancer.trace-windows`` of them), as a :class:`streamlb.simulate.Trace`
-        to replay through any balancer with :func:`streamlb.simulate.simulate`."""
+        ``streamlb.balancer.trace-windows`` of them), as a :class:`streamlb.simulator.Trace`
+        to replay through any balancer with :func:`streamlb.simulate`."""
         return self._migrations.load_trace(
             operator, check=lambda: self._keyed(operator, "only keyed operators have load traces"))
 
@@ -331,6 +362,8 @@ class Job:
             self.status = "stopped"
         self.actors.clear()
         self._futures.clear()
+        _live_jobs.discard(self)
+        logger.info("job %s %s", self.id, "finished" if self.status == "done" else self.status)
         if self._owns_client:
             self.client.close()
             if self.cluster is not None:
@@ -419,22 +452,35 @@ class Job:
         ReconfigurationError
             Naming the operator, the bad value or the worker; the job runs on unchanged.
         """
-        rec = self.reconfig.rescale(operator, parallelism, strategy, workers)
-        self._reconfigs.append(rec)
+        self._note(self.reconfig.rescale(operator, parallelism, strategy, workers))
         return self.parallelism(operator)
 
     def move_instance(self, operator: str, instance: int, worker: str) -> None:
         """Move instance ``instance`` of ``operator`` (its state and its role; the instance
         number stays) to a new actor on ``worker``, while the job runs: only the rows of
         that instance wait while its state is handed over."""
-        self._reconfigs.append(self.reconfig.move_instance(operator, instance, worker))
+        self._note(self.reconfig.move_instance(operator, instance, worker))
 
     def update(self, operator: str, func) -> None:
         """Replace the function of a ``stateful_map`` (by operator name) or of a fused
         ``map``/``starmap``/``filter`` (by its streamz ``stream_name=``) at an epoch boundary:
         records each router sent before its marker see the old function, later ones the
         new one; state is kept."""
-        self._reconfigs.append(self.reconfig.update(operator, func))
+        self._note(self.reconfig.update(operator, func))
+
+    def _note(self, rec: dict) -> None:
+        """Keep a reconfiguration for ``history`` and log it."""
+        self._reconfigs.append(rec)
+        took = rec["completed"] - rec["started"]
+        if rec["kind"] == "rescale":
+            logger.info("job %s: rescaled %r %s -> %s (%s) in %.2f s", self.id, rec["operator"], rec["from"],
+                        rec["to"], rec["strategy"], took)
+        elif rec["kind"] == "move":
+            logger.info("job %s: moved %r[%s] from %s to %s in %.2f s", self.id, rec["operator"], rec["instance"],
+                        rec["from"], rec["to"], took)
+        else:
+            logger.info("job %s: updated the function of %r at epoch %s in %.2f s", self.id, rec["operator"],
+                        rec.get("epoch"), took)
 
     def migrate(self, operator: str, key_groups, to_instance: int, strategy: str | None = None) -> RoutingTable:
         """Move ``key_groups`` of ``operator`` to ``to_instance`` while the job runs.

@@ -1,4 +1,5 @@
 """Live migration of key groups under every strategy, on 2 worker processes."""
+import logging
 import time
 
 import numpy as np
@@ -201,7 +202,8 @@ def test_bad_moves_are_refused_and_the_job_keeps_its_routing(two_workers, zipf_p
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_frame, strategy):
+def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_frame, strategy, caplog):
+    caplog.set_level(logging.INFO, logger="streamlb")
     src, outs, _ = pipeline(zipf_path, rate=200_000)        # 1.5 s of stream
     with streamlb.run(src, client=two_workers, key_groups=G) as job:
         time.sleep(0.2)
@@ -215,6 +217,12 @@ def test_an_owner_gives_and_takes_in_one_epoch(two_workers, zipf_path, zipf_fram
         job.wait(timeout=120)
         pd.testing.assert_frame_equal(job.state("totals"), zipf_frame.groupby("key").agg(**AGG), check_dtype=False)
         check_running_count(pd.concat(outs), job.state("running"), zipf_frame)
+    # the job's life at INFO on named loggers (the epoch's from the plugin, in this process's scheduler)
+    said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno == logging.INFO]
+    assert ("streamlb.job", f"job {job.id} finished") in said
+    assert any(n == "streamlb.job" and m.startswith(f"job {job.id} started: ") for n, m in said)
+    assert any(n == "streamlb.migration" and m.startswith(f"job {job.id}: epoch 1 of 'totals' ({strategy}) moved 3 "
+                                                          "key groups from [0, 1, 2] to [0, 1, 2]") for n, m in said)
 
 
 def test_groups_of_a_timed_out_epoch_move_again_only_once_it_settles(two_workers, wide_path):

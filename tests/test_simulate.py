@@ -10,7 +10,7 @@ from streamz import Stream
 import streamlb
 from streamlb.balancer import available_balancers
 from streamlb.keygroups import assign_to_key_group
-from streamlb.simulate import Trace, simulate, summarize, zipf_trace
+from streamlb.simulator import Trace, simulate, summarize, zipf_trace
 
 
 @pytest.fixture(scope="module")

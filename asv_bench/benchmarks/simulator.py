@@ -20,7 +20,7 @@ class Simulator(_OneShot):
         from streamz import Stream
 
         import streamlb
-        from streamlb.simulate import simulate, zipf_trace
+        from streamlb.simulator import simulate, zipf_trace
 
         trace = zipf_trace(10_000, 1_024, 8, skew=1.0, drift_every=100, seed=0)
         t0 = time.perf_counter()

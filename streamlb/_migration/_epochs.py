@@ -16,6 +16,7 @@ Only one migration runs per keyed exchange at a time.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, all_idle, check_settled, forget, gather, until, wait_done
 from ._split import key_group_of
+
+logger = logging.getLogger("streamlb.migration")
 
 STRATEGIES = ("all-at-once", "fluid", "lazy", "pause")
 
@@ -214,6 +217,9 @@ async def _switch(ctl: JobControl, call: Call, e: _Epoch) -> None:
 
 def _record(ctl: JobControl, e: _Epoch, status: list[dict]) -> None:
     """Add the completed epoch to the job's history, with when each phase ended."""
+    logger.info("job %s: epoch %d of %r (%s) moved %d key groups from %s to %s in %.3f s", ctl.job, e.epoch,
+                e.op.name, e.strategy, len(e.assignment), sorted(e.outgoing), sorted(e.incoming),
+                time.time() - e.started)
     for g in e.assignment:
         e.op.moved_at[g] = e.epoch
     by_instance = dict(zip(e.involved, status))

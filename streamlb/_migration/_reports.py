@@ -141,8 +141,10 @@ class Window:
         }
 
     def trace_row(self) -> tuple:
+        # the last two, for the dashboard: latencies (all instances) and records applied per instance
         return (self.window_start, self.load.astype(np.float32), self.owners.astype(np.int32), self.measured,
-                [(k, c) for k, _, c in self.hot_keys[:TRACE_HOT_KEYS]])
+                [(k, c) for k, _, c in self.hot_keys[:TRACE_HOT_KEYS]], self.report.latency_hist.sum(axis=0),
+                np.array([r["records"] for r in self.by_instance], np.int64))
 
 
 def plan_actions(plan: list, max_groups: int) -> tuple[dict[int, int], dict, dict]:
@@ -187,8 +189,8 @@ def pack_trace(rows: list, window: float, key_groups: int, instances: int) -> di
 
 
 def unpack_trace(payload: dict, job: str, operator: str):
-    """The :class:`streamlb.simulate.Trace` that :func:`pack_trace` packed."""
-    from ..simulate import Trace
+    """The :class:`streamlb.simulator.Trace` that :func:`pack_trace` packed."""
+    from ..simulator import Trace
 
     arr = {k: np.load(io.BytesIO(payload[k]), allow_pickle=False)
            for k in ("window_start", "loads", "owners", "measured")}

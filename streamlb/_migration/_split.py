@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import numpy as np
@@ -11,6 +12,8 @@ from ..keygroups import assign_to_key_group
 from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, check_settled, forget, gather, wait_done
+
+logger = logging.getLogger("streamlb.migration")
 
 
 def key_group_of(key, key_groups: int, operator: str = "") -> int:
@@ -90,6 +93,8 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
     # partials may still be on their way to the homes: on a timeout the keys' groups stay put
     await wait_done(call, op, sorted(flush), epoch, timeout, f"split epoch {epoch} of {op.name}",
                     sorted(set(groups.values())))
+    logger.info("job %s: split epoch %d of %r: %s", ctl.job, epoch, op.name,
+                {repr(k): list(h) for k, h in changes.items()})
     ctl.history.append({
         "operator": op.name, "epoch": epoch, "strategy": "split", "key_groups": [],
         "splits": [[k, list(h)] for k, h in changes.items()], "from": sorted(flush), "to": [],

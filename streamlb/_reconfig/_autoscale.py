@@ -132,6 +132,8 @@ class Autoscaler:
         entry = {"kind": "autoscale", "scaler": self.scaler.name, "strategy": "autoscale", "started": t,
                  "completed": t, **entry}
         self.decisions.append(entry)
+        logger.info("job %s: autoscaler %s decided %s", self.job.id, self.scaler.name,
+                    {k: v for k, v in entry.items() if k not in ("kind", "scaler", "strategy", "started", "completed")})
         self.job._reconfigs.append(entry)
         self.job._migrations.note_autoscale(entry, dict(self.wanted))
         return entry

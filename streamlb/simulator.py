@@ -10,7 +10,7 @@ split them.
 
 Examples
 --------
->>> from streamlb.simulate import simulate, zipf_trace
+>>> from streamlb.simulator import simulate, zipf_trace
 >>> trace = zipf_trace(windows=40, key_groups=256, instances=8, skew=1.0, drift_every=20)
 >>> out = simulate(trace, balancer="autoflow")
 >>> bool(out["imbalance"].iloc[-1] < out["imbalance"].iloc[0])
@@ -257,14 +257,14 @@ def summarize(results: dict[str, pd.DataFrame]) -> pd.DataFrame:
     } for b, r in results.items()]).set_index("balancer")
 
 
-def plot(results: dict[str, pd.DataFrame], path: str, title: str = "") -> str:
-    """PNG of imbalance per window for each balancer, side by side on one axis."""
-    import matplotlib
+def plot(results: dict[str, pd.DataFrame], path: str | None = None, title: str = ""):
+    """Imbalance per window for each balancer, side by side on one axis: a
+    :class:`matplotlib.figure.Figure`, also written as a PNG to ``path`` if given. No
+    pyplot and no backend switch (matplotlib is in the ``plot`` extra)."""
+    from ._plot import figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig = figure(figsize=(10, 4.5))
+    ax = fig.subplots()
     for b, r in results.items():
         ax.plot(r["window"], r["imbalance"], label=b, linewidth=1.2)
     first = next(iter(results.values()), None)
@@ -277,6 +277,4 @@ def plot(results: dict[str, pd.DataFrame], path: str, title: str = "") -> str:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
