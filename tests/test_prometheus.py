@@ -156,3 +156,33 @@ def test_series_while_running_and_after(two_workers, data):
     gone = scrape(url, job.id)
     assert gone["samples"] == {}, "the series of a stopped job stay"
     assert time.time() - t0 < 40
+
+
+def test_dead_letters_are_counted_where_they_were_set_aside(two_workers, tmp_path):
+    """Null keys are set aside at the key_by (by the source's instances), non-numbers at the
+    aggregate: the counter per (operator, instance) adds up to job.dead_letters()."""
+    port = two_workers.scheduler_info()["services"]["dashboard"]
+    url = f"http://127.0.0.1:{port}/metrics"
+    n = 20_000
+    key = pd.Series([f"k{i % 300}" for i in range(n)], dtype=object)
+    key[::97] = None                                     # 207 null keys
+    value = pd.Series(np.arange(n) % 11, dtype=object).astype(str)
+    value[5::89] = "lots"                                # not numbers, some of them on null keys
+    for p in range(2):
+        pd.DataFrame({"key": key, "value": value}).iloc[p::2].to_parquet(tmp_path / f"p{p}.parquet", index=False)
+    src = Stream.from_parquet(str(tmp_path), batch_size=2_000)
+    src.key_by("key").aggregate({"s": ("value", "sum")}, parallelism=2, name="agg")
+    with streamlb.run(src, client=two_workers, key_groups=G, window=WINDOW) as job:     # defaults: no balancer
+        job.wait(timeout=60)
+        dead = job.dead_letters()
+        want = dead.groupby(["operator", "instance"]).size().to_dict()
+        assert sum(want.values()) == int(key.isna().sum() + (key.notna() & (value == "lots")).sum())
+        deadline = time.time() + 10
+        while True:
+            got = {(dict(lab)["operator"], int(dict(lab)["instance"])): v
+                   for (name, lab), v in scrape(url, job.id)["samples"].items()
+                   if name == "streamlb_dead_letters_total"}
+            if got == want:
+                break
+            assert time.time() < deadline, (got, want)
+            time.sleep(0.2)

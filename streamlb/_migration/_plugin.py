@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _observe as observe
 from .. import config
-from .._observe._totals import count_report, forget
+from .._observe._totals import count_dead_letters, count_report, forget
 from ..balancer import check_plan, complete_plan, get_balancer
 from ._control import JobControl, actor_caller, table_from_state, table_state
 from ._epochs import check_strategy, migrate
@@ -209,7 +209,7 @@ class BalancerPlugin(SchedulerPlugin):
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
                       records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
                       latency_p99_ms=None, final: bool = False, hot=None, routed=None, latency_hist=None,
-                      parallelism=None, **_ignored) -> None:
+                      parallelism=None, dead_letters=None, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -221,6 +221,8 @@ class BalancerPlugin(SchedulerPlugin):
                                     hot=hot, routed=routed, latency_hist=latency_hist, parallelism=parallelism)
         slot[place] = entry
         count_report(j, op, place, entry)
+        if dead_letters:
+            count_dead_letters(j, instance, dead_letters)
         for ws in sorted(win):
             if len(win[ws]) == op.table.parallelism + len(op.routers):
                 self._evaluate(j, operator, ws, win.pop(ws))

@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from .. import latency as _latency
-from ._totals import totals_of
+from ._totals import dead_letters_of, totals_of
 
 logger = logging.getLogger("streamlb.observe")
 
@@ -94,6 +94,9 @@ def families(jobs: dict) -> list:
             "streamlb_key_groups_moved", "Key groups moved to another instance.", labels=OPERATOR_LABELS),
         "splits": GaugeMetricFamily(
             "streamlb_split_keys", "Keys spread over several instances now.", labels=OPERATOR_LABELS),
+        "dead": CounterMetricFamily(
+            "streamlb_dead_letters", "Records set aside with a reason (bad key or value) instead of failing "
+            "the job.", labels=["job", "operator", "instance"]),
     }
     for jid, j in list(jobs.items()):
         try:
@@ -116,6 +119,8 @@ def _add_job(fam: dict, jid: str, j) -> None:
             op = operators.get(name)
             if op is not None and i < op.table.parallelism:     # not an instance a rescale retired
                 fam["queued"].add_metric([jid, name, str(i), worker], queued)
+        for (name, i), n in dead_letters_of(totals).items():
+            fam["dead"].add_metric([jid, name, str(i)], n)
     epochs = dict.fromkeys(operators, 0)
     moved = dict.fromkeys(operators, 0)
     for h in list(j.control.history):

@@ -35,6 +35,10 @@ class JobTotals:
     def __init__(self) -> None:
         self.instances: dict[tuple[str, int, str], InstanceTotals] = {}
         self.queued: dict[tuple[str, int], tuple[str, int]] = {}
+        # (stage of the reporting instance, instance, operator its dead letters name) ->
+        # records set aside: reports carry running counts, so the largest seen is the total
+        # (they may arrive out of order, from an instance's owner and router reports alike)
+        self.dead_letters: dict[tuple[str, int, str], int] = {}
 
     def add(self, op, place: tuple[str, int], entry: dict) -> None:
         """Add one checked report (``report_entry``'s place and entry) of keyed operator ``op``."""
@@ -67,6 +71,29 @@ def count_report(job, op, place: tuple[str, int], entry: dict) -> None:
         totals.add(op, place, entry)
     except Exception:
         logger.exception("streamlb: a load report of %s left out of the Prometheus totals", op.name)
+
+
+def count_dead_letters(job, instance: int, dead: dict) -> None:
+    """Note the running dead-letter counts an instance of ``job`` reported: ``{"stage": its
+    stage, "counts": {operator: records}}``. Never raises."""
+    try:
+        totals = _JOBS.get(job)
+        if totals is None:
+            totals = _JOBS[job] = JobTotals()
+        for operator, n in dead["counts"].items():
+            key = (str(dead["stage"]), int(instance), str(operator))
+            totals.dead_letters[key] = max(totals.dead_letters.get(key, 0), int(n))
+    except Exception:
+        logger.exception("streamlb: a dead-letter count of instance %s left out of the Prometheus totals", instance)
+
+
+def dead_letters_of(totals: JobTotals) -> dict[tuple[str, int], int]:
+    """Records set aside per (operator, instance), as ``Job.dead_letters()`` groups them:
+    a bad key is set aside by an upstream instance under the keyed operator's name."""
+    out: dict[tuple[str, int], int] = {}
+    for (_, i, operator), n in list(totals.dead_letters.items()):
+        out[(operator, i)] = out.get((operator, i), 0) + n
+    return out
 
 
 def totals_of(job) -> JobTotals | None:

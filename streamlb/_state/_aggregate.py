@@ -58,6 +58,11 @@ def _pieces(live: int) -> int:
     return max(2, -(-4 * live // (3 * SHARD_KEYS)))
 
 
+def _textual(dtype) -> bool:
+    """Object columns, and pandas' string dtypes (what Parquet strings read as in pandas 3)."""
+    return dtype == object or pd.api.types.is_string_dtype(dtype)
+
+
 class AggregateState(StateStore):
     """count / sum / min / max / mean per key, updated with vectorised numpy.
 
@@ -112,7 +117,7 @@ class AggregateState(StateStore):
         bad = None
         reasons: dict[int, str] = {}
         for c in self.inputs:
-            if c not in frame.columns or not (self.hows[c] - {"count"}) or frame[c].dtype != object:
+            if c not in frame.columns or not (self.hows[c] - {"count"}) or not _textual(frame[c].dtype):
                 continue
             num = pd.to_numeric(frame[c], errors="coerce")
             wrong = (num.isna() & frame[c].notna()).to_numpy()

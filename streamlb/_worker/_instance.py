@@ -75,7 +75,8 @@ class Instance(Reconfigurable):
         self.cost = CostServer()
         self.meter = Metrics(job=job, operator=stage.name, index=index, window=window, report=False,
                              queued=lambda: len(self.inbox),
-                             final=lambda: self.finishing or self.eos_sent or self.finished_at is not None)
+                             final=lambda: self.finishing or self.eos_sent or self.finished_at is not None,
+                             dead_letters=lambda: self.dead.counts)
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,

@@ -71,10 +71,12 @@ class Metrics:
     """
 
     def __init__(self, *, job: str, operator: str, index: int, window: float, report: bool,
-                 queued: Callable[[], int], final: Callable[[], bool]) -> None:
+                 queued: Callable[[], int], final: Callable[[], bool],
+                 dead_letters: Callable[[], dict] = dict) -> None:
         self.job, self.operator, self.index, self.window = job, operator, index, window
         self.report = report
         self.queued, self.final = queued, final
+        self.dead_letters = dead_letters      # operator -> records set aside so far (cumulative)
         self.worker = None
         self.routers: dict = {}
         self.rows: list[dict] = []
@@ -129,12 +131,17 @@ class Metrics:
                 "records": int(w.records), "busy": float(w.busy), "queued": self.queued(),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
                 "latency_hist": row["latency_hist"].tolist(), "final": final,
+                "dead_letters": self._dead(),
             })
         for router in self.routers.values():
             if router.spec.balanced:
                 self._send({"kind": "router", "operator": router.spec.name, "window_start": w.start,
-                            "final": final, **router.take_window()})
+                            "final": final, "dead_letters": self._dead(), **router.take_window()})
         self.win = None if last else _Window(self._window_start(now))
+
+    def _dead(self) -> dict:
+        """Records this instance set aside so far, per operator named in its dead letters."""
+        return {"stage": self.operator, "counts": dict(self.dead_letters())}
 
     def _send(self, msg: dict) -> None:
         self.worker.batched_stream.send({"op": "streamlb-load", "job": self.job, "instance": self.index,

@@ -20,8 +20,10 @@ class DeadLetters:
     def __init__(self, index: int) -> None:
         self.index = index
         self._rows: list[dict] = []
+        self.counts: dict[str, int] = {}    # operator -> records set aside here so far
 
     def add(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
+        self.counts[operator] = self.counts.get(operator, 0) + len(rows)
         for rec, why in zip(rows.to_dict("records"), reasons):
             self._rows.append({"operator": operator, "instance": self.index, "reason": why, "record": rec})
 
