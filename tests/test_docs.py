@@ -101,8 +101,9 @@ def test_stream_nodes(inventory):
 @pytest.mark.parametrize("cls", CLASSES)
 def test_class_members(inventory, cls):
     klass = _resolve(cls)
+    kinds = (property, classmethod, staticmethod)
     public = [n for n, v in vars(klass).items()
-              if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, (property, classmethod, staticmethod)))]
+              if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, kinds))]
     assert public
     missing = [f"{cls}.{n}" for n in public if f"{cls}.{n}" not in inventory]
     assert not missing, f"no entry in the API reference for {missing}"
