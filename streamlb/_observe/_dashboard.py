@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import weakref
 
 logger = logging.getLogger("streamlb.observe")
 
@@ -26,7 +25,7 @@ PAGE = "/streamlb"
 INDIVIDUAL = "/individual-streamlb"
 MENU_NAME = "Streamlb"
 
-_pages: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()       # plugin -> _Mount
+_pages: dict = {}          # plugin -> _Mount
 
 
 def attach(plugin, scheduler) -> None:
@@ -43,8 +42,8 @@ def attach(plugin, scheduler) -> None:
     if app is None:
         logger.debug("streamlb: the scheduler runs no bokeh dashboard; no streamlb page")
         return
-    for other in [m for m in _pages.values() if m.app is app]:
-        other.remove()          # a plugin replaced without being closed
+    for old in [p for p, m in _pages.items() if m.app is app]:
+        _pages.pop(old).remove()    # a plugin unregistered (that does not close it), then a new one
     mount = _Mount(plugin, scheduler, app)
     mount.add()
     _pages[plugin] = mount

@@ -4,14 +4,14 @@ One section per job the balancer plugin knows, one panel per keyed operator:
 
 - records applied per instance, per load window;
 - imbalance per window (records of the busiest instance over the mean) and its floor (what
-  moving key groups can reach while one key carries more than 1/n of the load);
+  moving key groups can reach while one key group carries more than 1/n of the load);
 - latency p50 and p99 per window, from the instances' latency histograms added up;
 - the routing table as a heat map, key groups across, instances up: a cell is coloured
   where the instance owns (or, for a split key, helps with) the key group, by the records
   the group received in the last window.
 
-Migration, split and reconfiguration epochs are vertical lines on the time axes, at the
-time they started. Everything is read from the plugin (``plugin.jobs``) at each refresh,
+Migration and split epochs, and the autoscaler's rescales, are vertical lines on the time
+axes, at the time they started. Everything is read from the plugin (``plugin.jobs``) at each refresh,
 once per load window, on the scheduler's event loop where the plugin changes it, so no
 lock is needed and nothing is written back.
 """
@@ -25,10 +25,7 @@ from .. import latency as _latency
 from .._migration._split import key_group_of
 
 SHOWN_WINDOWS = 600         # windows on the time axes: 10 minutes at the default 1 s window
-MARKS = {                   # epoch kind -> colour of its line on the time axes
-    "migration": "#d62728", "split": "#ff7f0e", "rescale": "#2ca02c",
-    "move": "#9467bd", "update": "#8c564b", "autoscale": "#17becf",
-}
+MARKS = {"migration": "#d62728", "split": "#ff7f0e", "autoscale": "#2ca02c"}   # colour of each kind's lines
 TOOLS = "pan,xwheel_zoom,box_zoom,reset,save"
 
 
@@ -37,6 +34,13 @@ def epoch_kind(entry: dict) -> str:
     if "kind" in entry:
         return str(entry["kind"])
     return "split" if entry.get("strategy") == "split" else "migration"
+
+
+def job_events(job) -> list[dict]:
+    """The plugin's epochs of ``job`` (migrations and splits) and the autoscaler's decisions
+    that rescaled an operator, as history entries."""
+    decisions = job.autoscale.get("decisions", ())
+    return list(job.control.history) + [d for d in decisions if d.get("status") == "done"]
 
 
 def window_series(rows: list, quantiles: dict) -> dict:
@@ -106,7 +110,7 @@ class OperatorPanel:
         f_imb = timeline("imbalance (busiest instance / mean)", y_range=DataRange1d(start=0.9))
         f_imb.line(x="t", y="imbalance", source=self.imbalance, line_width=2, legend_label="records applied")
         f_imb.line(x="t", y="floor", source=self.imbalance, line_dash="dashed", color="gray",
-                   legend_label="floor (hot keys)")
+                   legend_label="floor (hottest key group)")
         f_lat = timeline("latency (ms)", y_range=DataRange1d(start=0))
         f_lat.line(x="t", y="p50", source=self.latency, line_width=2, legend_label="p50")
         f_lat.line(x="t", y="p99", source=self.latency, line_width=2, color="#d62728", legend_label="p99")
@@ -133,8 +137,8 @@ class OperatorPanel:
     def update(self, job) -> None:
         op = job.control.operators[self.name]
         trace = job.trace.get(self.name, ())
-        history = job.control.history
-        seen = (trace[-1][0] if trace else None, op.table.epoch, len(history), op.table.parallelism)
+        history = job_events(job)
+        seen = (trace[-1][0] if trace else None, op.table.epoch, len(history), op.table.parallelism, op.in_flight)
         if seen == self.seen:
             return
         self.seen = seen
@@ -223,7 +227,7 @@ class View:
 
 
 def _job_header(jid: str, job) -> str:
-    history = job.control.history
+    history = job_events(job)
     kinds = {}
     for h in history:
         kinds[epoch_kind(h)] = kinds.get(epoch_kind(h), 0) + 1
