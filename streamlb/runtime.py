@@ -46,6 +46,7 @@ def _track(job: "Job") -> None:
         atexit.register(_stop_live_jobs)
         _exit_hook = True
 
+
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
     "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",

@@ -86,10 +86,12 @@ class Trace:
 
     @property
     def windows(self) -> int:
+        """Load windows in the trace (rows of ``loads``)."""
         return self.loads.shape[0]
 
     @property
     def key_groups(self) -> int:
+        """Key groups of the traced operator (columns of ``loads``)."""
         return self.loads.shape[1]
 
     def save(self, path: str) -> None:

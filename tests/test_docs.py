@@ -37,7 +37,7 @@ MODULES = [
 
 # Classes whose public methods and properties each have an entry.
 CLASSES = ["streamlb.Job", "streamlb.RoutingTable", "streamlb.LoadReport", "streamlb.Balancer",
-           "streamlb.scaler.Scaler"]
+           "streamlb.scaler.Scaler", "streamlb.simulator.Trace"]
 
 
 def _inventory(path: Path) -> dict[str, str]:
