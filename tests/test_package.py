@@ -135,3 +135,34 @@ def test_exit_with_a_job_left_running_is_quiet(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "leaving", r.stderr[-3000:]
     for noise in ("Traceback", "ERROR", "Failed to reconnect", "retirement refused"):
         assert noise not in r.stderr, r.stderr[-3000:]
+
+
+def test_dependency_bounds_admit_patch_releases():
+    """No exact pins on the Dask stack; pandas bounded above (the key index uses its private
+    hash tables); matplotlib only in the plot extra."""
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    reqs = [r.strip() for r in cfg["options"]["install_requires"].splitlines()
+            if r.strip() and not r.strip().startswith("#")]
+    by_name = {r.split("[")[0].split("~")[0].split(">")[0].split("<")[0].split("=")[0]: r for r in reqs}
+    for name in ("dask", "distributed", "streamz"):
+        assert "==" not in by_name[name] and "~=" in by_name[name], by_name[name]
+    assert "<" in by_name["pandas"]
+    assert "matplotlib" not in by_name
+    extras = cfg["options.extras_require"]
+    assert "matplotlib" in extras["plot"] and "bokeh" in extras["dashboard"]
+
+
+def test_plotting_without_matplotlib_says_which_extra_to_install():
+    r = _python("""
+        import sys
+        sys.modules["matplotlib"] = None          # as if it were not installed
+        sys.modules["matplotlib.figure"] = None
+        from streamlb.simulator import plot, simulate, zipf_trace
+        try:
+            plot({"static": simulate(zipf_trace(5, 16, 2), "static")})
+        except ImportError as e:
+            print(e)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "plotting needs matplotlib" in r.stdout and 'pip install "streamlb[plot]"' in r.stdout

@@ -16,6 +16,15 @@ from ._plugin import ensure_plugin
 from ._reports import unpack_trace
 
 
+def _lists(x):
+    """``x`` with the tuples the scheduler's messages turn lists into made lists again."""
+    if isinstance(x, (list, tuple)):
+        return [_lists(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _lists(v) for k, v in x.items()}
+    return x
+
+
 class Control(ABC):
     """A job's migrations: routing tables, moves, splits and what was recorded of them.
 
@@ -100,7 +109,7 @@ class PluginControl(Control):
 
     def history(self) -> list[dict]:
         if not self._closed:
-            self._history = self._ask("streamlb_history")
+            self._history = [_lists(e) for e in self._ask("streamlb_history")]
         return self._history
 
     def reassign(self, operator: str, assignment: dict[int, int], strategy: str,

@@ -182,23 +182,24 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
 
 
 async def _prepare(call: Call, e: _Epoch) -> None:
-    """Tell the new owners, then the old ones: nothing moves before a router switches, and an
-    owner whose routers have all ended refuses to prepare. The new owners go first because
-    an old owner whose routers have all ended is aligned at once and ships its groups: they
-    must find their new owners waiting (a new owner that refused, being done, could take
-    nothing). On any refusal the epoch is forgotten everywhere and the routing stays."""
+    """Tell the new and old owners at once: nothing moves before a router switches, and an
+    owner whose routers have all ended refuses to prepare. The old owners are prepared
+    unarmed: one whose routers have all ended is aligned at once, and must not give its
+    groups before every new owner accepted (:func:`_switch` arms them). On any refusal the
+    epoch is forgotten everywhere and the routing stays."""
     peer = e.op.owners
-    for told, ask in ((e.incoming, lambda i, inc: (e.epoch, e.strategy, {}, inc)),
-                      (e.outgoing, lambda i, out: (e.epoch, e.strategy, out, {}))):
-        results = await asyncio.gather(*[call(*peer[i], "prepare", *ask(i, x)) for i, x in told.items()],
-                                       return_exceptions=True)   # every one, so none lands after the abort
-        failed = [(i, r) for i, r in zip(told, results) if isinstance(r, BaseException)]
-        if failed:
-            await abort(call, e.op, e.involved, e.epoch)
-            i, exc = failed[0]
-            what = "new" if i in e.incoming else "old"
-            raise MigrationError(f"prepare epoch {e.epoch} of {e.op.name} on the {what} owners failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+    told = [*e.incoming, *e.outgoing]
+    results = await asyncio.gather(
+        *[call(*peer[i], "prepare", e.epoch, e.strategy, {}, inc) for i, inc in e.incoming.items()],
+        *[call(*peer[i], "prepare", e.epoch, e.strategy, out, {}, (), False) for i, out in e.outgoing.items()],
+        return_exceptions=True)      # every prepare, failed or not, so none lands after the abort
+    failed = [(i, r) for i, r in zip(told, results) if isinstance(r, BaseException)]
+    if failed:
+        await abort(call, e.op, e.involved, e.epoch)
+        i, exc = failed[0]
+        what = "new" if i in e.incoming else "old"
+        raise MigrationError(f"prepare epoch {e.epoch} of {e.op.name} on the {what} owners failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 async def _switch(ctl: JobControl, call: Call, e: _Epoch) -> None:
@@ -211,8 +212,10 @@ async def _switch(ctl: JobControl, call: Call, e: _Epoch) -> None:
     # lazy by merging: the moved rows are applied as they come, so sources send what is due
     flush = e.strategy == "lazy" and op.merges_lazily
     e.switch_asked = time.time()
-    e.switched = await gather(f"switching the routers of {op.name} to epoch {e.epoch}",
-                              [call(*r, "set_table", ctl.target(op), e.new, prefetch, flush) for r in op.routers])
+    answers = await gather(f"switching the routers of {op.name} to epoch {e.epoch}",
+                           [*[call(*r, "set_table", ctl.target(op), e.new, prefetch, flush) for r in op.routers],
+                            *[call(*op.owners[i], "arm", e.epoch) for i in e.outgoing]])
+    e.switched = answers[:len(op.routers)]
     op.table = e.new
 
 

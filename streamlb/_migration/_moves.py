@@ -17,6 +17,9 @@ class EpochMove:
         self.outgoing: dict[int, int] = {}     # key group -> new owner
         self.incoming: dict[int, int] = {}     # key group -> old owner
         self.aligned = False
+        # old owner: ship once aligned *and* armed (the coordinator arms it with the switch,
+        # once every new owner accepted the epoch)
+        self.armed = True
         self.watching = False                  # asked the aligner to say when it is aligned
         self.sent: set[int] = set()
         self.installed: set[int] = set()

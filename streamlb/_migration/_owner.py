@@ -68,9 +68,15 @@ class OwnerSide:
 
     # -- prepare ------------------------------------------------------------------------------
     def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]], incoming: dict[int, int],
-                flush=()) -> None:
+                flush=(), armed: bool = True) -> None:
+        """``armed=False``: give the outgoing groups only once :meth:`arm` is called too. An
+        old owner whose routers have all ended is aligned at once; unarmed, it waits until
+        the coordinator knows every new owner accepted the epoch (a new owner that had
+        ended could not take the state)."""
         m = self.moves.get(epoch) or EpochMove(epoch, strategy)
         self.moves[epoch] = m
+        if outgoing and not armed:
+            m.armed = False
         m.outgoing.update({g: to for to, gs in outgoing.items() for g in gs})
         m.incoming.update(incoming)
         m.flush_to.update(int(h) for h in flush)
@@ -92,12 +98,31 @@ class OwnerSide:
                         del waiting[g]
         self.aligner.forget(epoch)
 
+    def arm(self, epoch: int) -> None:
+        """Every owner of ``epoch`` accepted it: the outgoing groups may go once aligned."""
+        m = self.moves.get(epoch)
+        if m is None or m.armed:
+            return
+        m.armed = True
+        if m.aligned:
+            self._give(m)
+
+    @property
+    def unarmed(self) -> bool:
+        """An epoch this owner gives groups in waits to be armed (or aborted)."""
+        return any(not m.armed for m in self.moves.values())
+
     def _on_aligned(self, m: EpochMove) -> None:
         """No record of an older epoch for the outgoing groups can arrive any more."""
         if m.aligned or self.moves.get(m.epoch) is not m:
             return
         m.aligned = True
         m.aligned_at = time.time()
+        if m.armed:
+            self._give(m)
+
+    def _give(self, m: EpochMove) -> None:
+        """Aligned and armed: flush split keys' partials, ship or drain the outgoing groups."""
         if m.flush_to:
             # numbered now: ahead of the end-of-stream note this very end may send
             barriers = [self.send(h, Barrier(m.epoch)) for h in sorted(m.flush_to)]

@@ -270,7 +270,7 @@ class Instance(Reconfigurable):
 
     def _can_finish(self) -> bool:
         """Every input ended, no state on its way, no partial aggregate still to come."""
-        return (self.finishing and not self.owner.waiting
+        return (self.finishing and not self.owner.waiting and not self.owner.unarmed
                 and (not self.combines or len(self.peer_ends) == len(self.siblings) - 1))
 
     async def _finish(self) -> None:
@@ -300,12 +300,17 @@ class Instance(Reconfigurable):
         await self.owner.fetch_keys(epoch, dest, keys, groups, router, request)
 
     async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
-                      incoming: dict[int, int], flush: list[int] = ()) -> None:
+                      incoming: dict[int, int], flush: list[int] = (), armed: bool = True) -> None:
         """Be told ahead what ``epoch`` moves here (see ``OwnerSide.prepare``)."""
         if self.finishing or self.status in _ENDED:
             state = self.status if self.status != "running" else "finishing"
             raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
-        self.owner.prepare(epoch, strategy, outgoing, incoming, flush)
+        self.owner.prepare(epoch, strategy, outgoing, incoming, flush, armed)
+
+    async def arm(self, epoch: int) -> None:
+        """Every owner accepted ``epoch``: give its groups once aligned (``OwnerSide.arm``)."""
+        self.owner.arm(epoch)
+        self._wake.set()
 
     async def abort(self, epoch: int) -> None:
         """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
