@@ -102,9 +102,10 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     balancer : str, optional
         A balancer registered under ``streamlb.balancers`` (``static``, ``autoflow``,
         ``greedy``...). Registers :class:`streamlb.BalancerPlugin` on the scheduler if it is
-        not there, and lets it move key groups of this job live. None: ``static``, which
-        moves nothing but what the job asks for (``Job.migrate``, ``Job.rescale``); the
-        plugin still shows the job (``/metrics``, the dashboard page, ``balancer_state()``).
+        not there, and lets it move key groups of this job live; the plugin also shows the
+        job (``/metrics``, the dashboard page). ``static`` moves nothing by itself. None: no
+        plugin (no load reports, nothing on ``/metrics`` or the dashboard), no moves but
+        manual ones (``Job.migrate``).
     migration : str, optional
         How this job's moves are carried out: ``all-at-once``, ``fluid``, ``lazy`` or
         ``pause`` (default: setting ``streamlb.migration.strategy``).
@@ -113,7 +114,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     autoscale : dict or True, optional
         ``{operator: (min, max)}``, or True for every keyed operator within ``1..G``: the
         job rescales them by itself (see docs/reconfiguration.md). Registers the balancer
-        plugin, where decisions show in ``balancer_state()``.
+        plugin (``static`` if no ``balancer``), where decisions show in ``balancer_state()``.
     scaler : str
         The autoscaling policy, registered under ``streamlb.scalers`` (default ``ds2``).
     scaler_options : dict, optional
@@ -132,10 +133,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     scaling = None
     if autoscale:
         scaling = get_scaler(scaler, **(scaler_options or {}))     # unknown names fail here too
-    # every job is registered with the plugin, so it shows on /metrics and the dashboard;
-    # with no balancer it is the static one, which plans no move
-    balancer = balancer or "static"
-    get_balancer(balancer, **(balancer_options or {}))     # unknown names fail here, listing the valid ones
+        balancer = balancer or "static"
+    if balancer is not None:
+        get_balancer(balancer, **(balancer_options or {}))     # unknown names fail here, listing the valid ones
     if migration is not None:
         check_strategy(migration)
     G = config.get("key-groups", key_groups)

@@ -172,7 +172,7 @@ def test_dead_letters_are_counted_where_they_were_set_aside(two_workers, tmp_pat
         pd.DataFrame({"key": key, "value": value}).iloc[p::2].to_parquet(tmp_path / f"p{p}.parquet", index=False)
     src = Stream.from_parquet(str(tmp_path), batch_size=2_000)
     src.key_by("key").aggregate({"s": ("value", "sum")}, parallelism=2, name="agg")
-    with streamlb.run(src, client=two_workers, key_groups=G, window=WINDOW) as job:     # defaults: no balancer
+    with streamlb.run(src, client=two_workers, key_groups=G, window=WINDOW, balancer="static") as job:
         job.wait(timeout=60)
         dead = job.dead_letters()
         want = dead.groupby(["operator", "instance"]).size().to_dict()

@@ -1,19 +1,23 @@
 """How a :class:`~streamlb.Job` reaches the coordinator of its migrations.
 
-Every job asks the scheduler plugin, where the coordinator runs next to the balancer
-(:class:`PluginControl`); a job without a balancer runs with ``static``, which plans no
-move, so the plugin still shows it (``/metrics``, the dashboard page). :class:`Control` is
-what the job holds.
+A job without a balancer runs the coordinator in the driver, through the client
+(:class:`DriverControl`); a balanced job asks the scheduler plugin, where the coordinator
+runs next to the balancer (:class:`PluginControl`). Both answer the same calls, so the job
+holds one of them and never asks which.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from .. import config
+from ..exceptions import PipelineError
 from ..routing import RoutingTable
-from ._control import JobControl, table_from_state, table_state
+from ._control import JobControl, actor_caller, table_from_state, table_state
+from ._epochs import migrate
 from ._plugin import ensure_plugin
 from ._reports import unpack_trace
+from ._split import split
 
 
 def _lists(x):
@@ -83,6 +87,51 @@ class Control(ABC):
 
     def note_autoscale(self, decision: dict, wanted: dict) -> None:
         """An autoscaling decision (shown by the plugin's state where there is one)."""
+
+
+class DriverControl(Control):
+    """The coordinator in the driver: moves and splits only when the job asks for them."""
+
+    def __init__(self, client, control: JobControl) -> None:
+        super().__init__(client, control)
+        self._call = actor_caller(client.rpc)
+
+    def routing(self, operator: str) -> RoutingTable:
+        return self.control.operator(operator).table
+
+    def history(self) -> list[dict]:
+        return self.control.history
+
+    def reassign(self, operator: str, assignment: dict[int, int], strategy: str,
+                 reconfig: bool = False) -> RoutingTable:
+        return self.client.sync(
+            migrate, self.control, self._call, operator, assignment, strategy,
+            fluid_step=config.get("migration.fluid-step"), timeout=config.seconds("migration.timeout"),
+            reconfig=reconfig,
+        )
+
+    def hold(self, operators: list[str]) -> None:
+        self.client.sync(self.control.hold, operators)
+
+    def release(self, operators: list[str]) -> None:
+        self.control.release(operators)
+
+    def update_topology(self, topology: dict) -> None:
+        self.control.update_topology(topology)
+
+    def set_table(self, operator: str, table: RoutingTable) -> None:
+        self.control.set_table(operator, table)
+
+    def split(self, operator: str, changes: dict) -> RoutingTable:
+        return self.client.sync(split, self.control, self._call, operator, changes,
+                                timeout=config.seconds("migration.timeout"))
+
+    def balancer_state(self) -> dict:
+        raise PipelineError(f"job {self.control.job} runs without a balancer; pass streamlb.run(..., balancer=...)")
+
+    def load_trace(self, operator: str, check: Callable[[], object]):
+        raise PipelineError(f"job {self.control.job} runs without a balancer, so no load was recorded; "
+                            "pass streamlb.run(..., balancer=...)")
 
 
 class PluginControl(Control):
@@ -168,7 +217,9 @@ class PluginControl(Control):
 
 def open_control(client, topology: dict, *, balancer: str | None = None, options: dict | None = None,
                  migration: str | None = None) -> Control:
-    """The control of a job with ``topology``, through the scheduler plugin (``balancer``
-    None: ``static``)."""
-    return PluginControl(client, JobControl(topology), topology, balancer=balancer or "static", options=options,
-                         migration=migration)
+    """The control of a job with ``topology``: through the scheduler plugin with a
+    ``balancer``, else in the driver."""
+    control = JobControl(topology)
+    if balancer is None:
+        return DriverControl(client, control)
+    return PluginControl(client, control, topology, balancer=balancer, options=options, migration=migration)
