@@ -14,6 +14,13 @@ from .planner import Stage
 Key = tuple[int, int]           # (stage id, instance index)
 
 
+def cluster_workers(client) -> dict[str, dict]:
+    """The scheduler's workers now (address -> info), asked of the scheduler itself: the
+    client's ``scheduler_info()`` returns a cache that its periodic refresh replaces with
+    one holding no workers, so reading it right after a fetch can find none."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int, str]:
     """Worker of each instance of ``stage``: round robin from the stage's id, so that the
     first instances of consecutive stages land on different workers."""

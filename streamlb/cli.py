@@ -62,6 +62,7 @@ def _demo(args) -> int:
 
     import streamlb
     from streamlb import latency
+    from streamlb._placement import cluster_workers
 
     if args.rescale:
         return _demo_rescale(args)
@@ -76,7 +77,7 @@ def _demo(args) -> int:
         with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256,
                           balancer=balancer, migration=args.migration) as job:
             print(f"\n[{balancer}] {args.parallelism} instances on an embedded Dask cluster of "
-                  f"{len(job.client.scheduler_info()['workers'])} worker processes, "
+                  f"{len(cluster_workers(job.client))} worker processes, "
                   f"open-loop source at {rate:,.0f} records/s ...")
             job.wait(progress=True)
             summary, state, m, moves = job.summary(), job.state("totals"), job.metrics(), job.history
@@ -143,6 +144,7 @@ def _demo_rescale(args) -> int:
     from streamz import Stream
 
     import streamlb
+    from streamlb._placement import cluster_workers
 
     n_from, n_to = args.rescale
     path, man, truth = _demo_input(args)
@@ -152,7 +154,7 @@ def _demo_rescale(args) -> int:
     src.key_by("key").aggregate(DEMO_SPEC, name="totals", parallelism=n_from)
     with streamlb.run(src, n_workers=args.workers, window=args.window, key_groups=256) as job:
         print(f"\n[rescale] {n_from} instances on an embedded Dask cluster of "
-              f"{len(job.client.scheduler_info()['workers'])} worker processes, open-loop source at "
+              f"{len(cluster_workers(job.client))} worker processes, open-loop source at "
               f"{rate:,.0f} records/s; rescaled to {n_to} a third of the way through ...")
         failed: list[BaseException] = []
         rescaler = threading.Thread(target=_rescale_at, args=(job, man["rows"] / 3 / rate, n_to,

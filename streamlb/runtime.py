@@ -126,6 +126,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         The job is already running: call ``job.wait()``.
     """
     from ._migration import check_strategy
+    from ._placement import cluster_workers
     from .balancer import get_balancer
     from .keygroups import check_key_groups
     from .scaler import get_scaler
@@ -150,7 +151,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         owned = True
         client, cluster = _connect(address, n_workers)
     try:
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(cluster_workers(client))
         if not workers:
             raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
         p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,

@@ -18,6 +18,7 @@ import time
 import pandas as pd
 
 from .. import config
+from .._placement import cluster_workers
 from ..scaler import true_rate
 
 logger = logging.getLogger("streamlb.autoscale")
@@ -124,7 +125,7 @@ class Autoscaler:
         per = config.get("scaler.instances-per-thread")
         if not per:
             return True
-        threads = sum(w.get("nthreads", 1) for w in job.client.scheduler_info(n_workers=-1)["workers"].values())
+        threads = sum(w.get("nthreads", 1) for w in cluster_workers(job.client).values())
         return len(job.actors) + more <= per * threads
 
     def _record(self, entry: dict) -> dict:

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .. import config
+from .._placement import cluster_workers
 from ..exceptions import MigrationError, PipelineError, ReconfigurationError
 from ..planner import Stage
 from ..routing import RoutingTable
@@ -92,7 +93,7 @@ class Reconfigurer:
         return [f.result() for f in futures]
 
     def _known_workers(self) -> list[str]:
-        return sorted(self.job.client.scheduler_info(n_workers=-1)["workers"])
+        return sorted(cluster_workers(self.job.client))
 
     def _check_worker(self, w: str, operator: str) -> str:
         known = self._known_workers()
