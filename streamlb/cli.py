@@ -62,7 +62,7 @@ def _demo(args) -> int:
 
     import streamlb
     from streamlb import latency
-    from streamlb._placement import cluster_workers
+    from ._placement import cluster_workers
 
     if args.rescale:
         return _demo_rescale(args)
@@ -144,7 +144,7 @@ def _demo_rescale(args) -> int:
     from streamz import Stream
 
     import streamlb
-    from streamlb._placement import cluster_workers
+    from ._placement import cluster_workers
 
     n_from, n_to = args.rescale
     path, man, truth = _demo_input(args)

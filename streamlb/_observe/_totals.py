@@ -61,13 +61,19 @@ class JobTotals:
 _JOBS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _totals_for(job) -> JobTotals:
+    """The totals of ``job``, made at its first report."""
+    totals = _JOBS.get(job)
+    if totals is None:
+        totals = _JOBS[job] = JobTotals()
+    return totals
+
+
 def count_report(job, op, place: tuple[str, int], entry: dict) -> None:
     """Add a report of ``job`` (the plugin's job object) to its totals. Never raises: the
     plugin calls it on its way to merging the report for the balancer."""
     try:
-        totals = _JOBS.get(job)
-        if totals is None:
-            totals = _JOBS[job] = JobTotals()
+        totals = _totals_for(job)
         totals.add(op, place, entry)
     except Exception:
         logger.exception("streamlb: a load report of %s left out of the Prometheus totals", op.name)
@@ -77,9 +83,7 @@ def count_dead_letters(job, instance: int, dead: dict) -> None:
     """Note the running dead-letter counts an instance of ``job`` reported: ``{"stage": its
     stage, "counts": {operator: records}}``. Never raises."""
     try:
-        totals = _JOBS.get(job)
-        if totals is None:
-            totals = _JOBS[job] = JobTotals()
+        totals = _totals_for(job)
         for operator, n in dead["counts"].items():
             key = (str(dead["stage"]), int(instance), str(operator))
             totals.dead_letters[key] = max(totals.dead_letters.get(key, 0), int(n))
