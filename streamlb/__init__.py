@@ -4,6 +4,7 @@ from __future__ import annotations
 from . import config as _config  # noqa: F401  (installs the dask.config defaults)
 from . import nodes as _nodes  # noqa: F401  (registers the nodes on streamz.Stream)
 from .exceptions import (
+    CheckpointError,
     InputPathError,
     JavaNotFoundError,
     JobFailedError,
@@ -69,4 +70,5 @@ __all__ = [
     "UserFunctionError",
     "JobFailedError",
     "MigrationError",
+    "CheckpointError",
 ]

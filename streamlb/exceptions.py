@@ -18,6 +18,7 @@ __all__ = [
     "JobFailedError",
     "MigrationError",
     "ReconfigurationError",
+    "CheckpointError",
 ]
 
 
@@ -85,3 +86,10 @@ class ReconfigurationError(MigrationError):
     """A rescale, move, update or worker drain was refused (bad operator, instance,
     parallelism, worker or function, or another reconfiguration of the operator running);
     the job runs on as it was."""
+
+
+class CheckpointError(StreamlbError, RuntimeError):
+    """A checkpoint or savepoint cannot be written or restored: the path is not writable,
+    the checkpoint is partial or corrupt (no manifest, a missing file, a checksum mismatch),
+    or the graph restored into does not match it. The message names the file or the
+    mismatch."""
