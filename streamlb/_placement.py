@@ -129,10 +129,16 @@ def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, re
     return dict(zip(keys, [c.result() for c in calls]))
 
 
-def start(actors: dict, stages: list[Stage]) -> None:
-    """Start the instances, the sources last, with one wall-clock origin."""
+def start(actors: dict, stages: list[Stage], resume: dict | None = None) -> None:
+    """Start the instances, the sources last, with one wall-clock origin; ``resume``: the
+    ``(origin, position)`` each source goes on from (a restored job)."""
     by_id = {s.id: s for s in stages}
     order = sorted(actors, key=lambda k: by_id[k[0]].is_source)
     epoch0 = time.time() + 0.05     # replaying sources share this wall-clock origin
-    for c in [actors[k].start(epoch0) for k in order]:
+    resume = resume or {}
+    calls = []
+    for k in order:
+        origin, position = resume.get(k, (None, None))
+        calls.append(actors[k].start(origin or epoch0, position))
+    for c in calls:
         c.result()

@@ -5,6 +5,7 @@ import atexit
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 import weakref
@@ -14,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from . import config
-from .exceptions import (JobFailedError, MigrationError, PipelineError, SchedulerUnreachableError,
-                         StreamlbError)
+from .exceptions import (CheckpointError, JobFailedError, MigrationError, PipelineError,
+                         SchedulerUnreachableError, StreamlbError)
 from .planner import Plan, Stage, plan
 from .routing import RoutingTable
 
@@ -82,7 +83,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         parallelism: int | None = None, window: Any = None, credits: int | None = None,
         client=None, balancer: str | None = None, migration: str | None = None,
         balancer_options: dict | None = None, autoscale: dict | bool | None = None,
-        scaler: str = "ds2", scaler_options: dict | None = None) -> Job:
+        scaler: str = "ds2", scaler_options: dict | None = None, checkpoint: str | None = None,
+        checkpoint_interval: Any = None, restore: str | None = None,
+        restart_attempts: int | None = None) -> Job:
     """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
 
     Parameters
@@ -119,6 +122,21 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         The autoscaling policy, registered under ``streamlb.scalers`` (default ``ds2``).
     scaler_options : dict, optional
         Keyword arguments for the scaler's constructor.
+    checkpoint : str, optional
+        A directory or fsspec URL the driver and every worker can write: the job takes an
+        exactly-once checkpoint there every ``checkpoint_interval`` and, when a worker holding
+        its instances is lost, restores the latest one on the workers left and replays the
+        records after it (see docs/fault-tolerance.md). None: no checkpoints, and a lost
+        worker fails the job.
+    checkpoint_interval : float or str, optional
+        Seconds (or "500ms"...) between checkpoints (setting ``streamlb.checkpoint.interval``, 1 s).
+    restore : str, optional
+        Start from a checkpoint or savepoint: a checkpoint directory (its latest complete
+        checkpoint), one ``chk-*`` directory or a savepoint path. The parallelism may differ
+        from the job that wrote it; the operators, their kinds, keys and aggregates must match.
+    restart_attempts : int, optional
+        Recoveries from lost workers before the job fails (setting
+        ``streamlb.checkpoint.restart-attempts``).
 
     Returns
     -------
@@ -139,6 +157,17 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         get_balancer(balancer, **(balancer_options or {}))     # unknown names fail here, listing the valid ones
     if migration is not None:
         check_strategy(migration)
+    restored = None
+    if restore is not None:
+        from ._checkpoint._storage import read_manifest, verify
+
+        restored = read_manifest(restore)
+        verify(restored[1], restored[0])
+        key_groups = key_groups or restored[0]["graph"]["key_groups"]
+    if checkpoint is not None:
+        from ._checkpoint._storage import check_writable
+
+        check_writable(checkpoint)
     G = config.get("key-groups", key_groups)
     check_key_groups(G)
     bs = config.get("batch-size", batch_size)
@@ -156,13 +185,19 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
             raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
         p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,
                  parallelism=config.get("parallelism", parallelism))
+        if restored is not None:
+            from ._checkpoint._restore import check_compatible
+
+            check_compatible(restored, p, G, restore)
         ranges = None
         if scaling is not None:
             from ._reconfig import check_autoscale
 
             ranges = check_autoscale(p.stages, autoscale, G)
         job = Job(p, client, cluster if owned else None, workers, G, win, cr, owns_client=owned,
-                  balancer=balancer, migration=migration, balancer_options=balancer_options)
+                  balancer=balancer, migration=migration, balancer_options=balancer_options,
+                  checkpoint=checkpoint, checkpoint_interval=checkpoint_interval, restored=restored,
+                  restart_attempts=restart_attempts)
         if ranges:
             from ._reconfig._autoscale import Autoscaler
 
@@ -182,8 +217,12 @@ class Job:
 
     def __init__(self, plan: Plan, client, cluster, workers: list[str], key_groups: int,
                  window: float, credits: int, owns_client: bool = True, balancer: str | None = None,
-                 migration: str | None = None, balancer_options: dict | None = None) -> None:
+                 migration: str | None = None, balancer_options: dict | None = None,
+                 checkpoint: str | None = None, checkpoint_interval: Any = None,
+                 restored: tuple[dict, str] | None = None, restart_attempts: int | None = None) -> None:
         from . import _placement
+        from ._checkpoint._coordinator import Checkpointer
+        from ._checkpoint._recovery import Recovery
         from ._migration import open_control
         from ._reconfig import Reconfigurer
         from ._reconfig._retire import Drainer
@@ -195,6 +234,8 @@ class Job:
         self._reconfigs: list[dict] = []
         self._retired_metrics: list[dict] = []
         self.autoscaler = None
+        # reconfigurations, checkpoints and recoveries change or read the whole topology: one at a time
+        self.topology_lock = threading.RLock()
 
         self.plan = plan
         self.client = client
@@ -207,34 +248,77 @@ class Job:
         self.error: BaseException | None = None
         self._last: list[dict] = []
         self._dead: list[dict] = []
-        by_id = {s.id: s for s in plan.stages}
-        futures = {}
-        for st in plan.stages:
-            futures.update(_placement.create_instances(
-                client, self.id, st, range(st.parallelism), workers,
-                upstream=by_id[st.upstream].parallelism if st.upstream is not None else 0,
-                key_groups=key_groups, window=window, credits=credits))
-        self._futures = futures  # actors referenced only by actors would be collected
-        self.actors = {k: f.result() for k, f in futures.items()}
+        self._futures: dict = {}
+        self.actors: dict = {}
+        self._savepoints = None
+        self.checkpointer = Checkpointer(self, checkpoint, checkpoint_interval) if checkpoint else None
+        self.recovery = Recovery(self, restart_attempts) if checkpoint else None
         self.tables = {
             st.id: RoutingTable.initial(key_groups, st.parallelism)
             for st in plan.stages if st.exchange == "keyed"
         }
+        if restored is not None:
+            from ._checkpoint._restore import restored_tables
+
+            self.tables.update(restored_tables(restored[0], plan.stages))
         self.exchanges = _placement.exchange_specs(plan.stages, balanced=balancer is not None,
                                                    hot_keys=_placement.hot_keys_for(balancer, balancer_options))
-        self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, self.exchanges,
-                                          report=balancer is not None)
+        self._deploy(workers, restored, fresh_clock=True)
         self._migrations = open_control(client, self.topology(), balancer=balancer, options=balancer_options,
                                         migration=migration)
         self.control = self._migrations.control
         self.reconfig = Reconfigurer(self)
         self._drainer = Drainer(self)       # retiring workers: move the instances off first
-        _placement.start(self.actors, plan.stages)
+        self._start(restored, fresh_clock=True)
         self.started_at = time.time()
         _track(self)
-        logger.info("job %s started: %s on %d workers, balancer %s, migration %s", self.id,
+        if self.checkpointer is not None:
+            self.checkpointer.start()
+        logger.info("job %s started: %s on %d workers, balancer %s, migration %s%s", self.id,
                     ", ".join(f"{st.name}x{st.parallelism}" for st in plan.stages),
-                    len(set(self.workers_of.values())), balancer, migration)
+                    len(set(self.workers_of.values())), balancer, migration,
+                    f", checkpoints to {checkpoint}" if checkpoint else "")
+
+    def _deploy(self, workers: list[str], restored: tuple[dict, str] | None, fresh_clock: bool,
+                run: int = 0) -> None:
+        """Create every instance as an actor (incarnation ``run``), wire them, and install
+        the state of a checkpoint (``restored``: its manifest and base path) if any."""
+        from . import _placement
+
+        plan = self.plan
+        by_id = {s.id: s for s in plan.stages}
+        futures = {}
+        for st in plan.stages:
+            up = by_id[st.upstream] if st.upstream is not None else None
+            futures.update(_placement.create_instances(
+                self.client, self.id, st, range(st.parallelism), workers,
+                upstream=({j: run for j in range(up.parallelism)} if run else up.parallelism) if up else 0,
+                key_groups=self.key_groups, window=self.window, credits=self.credits, run=run))
+        if run:
+            self.runs = dict.fromkeys(futures, run)
+        self._futures = futures  # actors referenced only by actors would be collected
+        self.actors = {k: f.result() for k, f in futures.items()}
+        self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, self.exchanges,
+                                          report=self.balancer is not None, runs=self.runs or None)
+        if self.checkpointer is not None:
+            for f in [a.checkpointing(self.checkpointer.url) for a in self.actors.values()]:
+                f.result()
+        if restored is not None:
+            from ._checkpoint._restore import install_state
+
+            install_state(self, *restored)
+
+    def _start(self, restored: tuple[dict, str] | None, fresh_clock: bool) -> None:
+        """Start the instances; sources go on from a checkpoint's positions if ``restored``
+        (``fresh_clock``: pacing starts afresh, as for a new job)."""
+        from . import _placement
+
+        resume = None
+        if restored is not None:
+            from ._checkpoint._restore import source_positions
+
+            resume = source_positions(restored[0], self.plan.stages, fresh_clock)
+        _placement.start(self.actors, self.plan.stages, resume)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _poll(self) -> list[dict]:
@@ -266,6 +350,8 @@ class Job:
     def _absorb_retired(self, key, last: dict) -> None:
         """The last poll of a retired actor: its outputs and metrics are the job's."""
         self._take_outputs(last)
+        if last.get("final") and self.checkpointer is not None:
+            self.checkpointer.stage_outputs(last["final"], label=None)
         self._retired_metrics.extend(last.get("metrics", ()))
 
     def wait(self, timeout: float | None = None, progress: bool = False) -> Job:
@@ -292,10 +378,17 @@ class Job:
             bar = tqdm(total=total, unit="rec", unit_scale=True, desc="records")
         try:
             while True:
-                rows = self._poll()
-                failed = [r for r in rows if r["status"] == "failed"]
+                try:
+                    rows = self._poll()
+                    failed = [r["error"] for r in rows if r["status"] == "failed"]
+                except JobFailedError as exc:       # an instance could not be reached
+                    rows, failed = [], [exc]
                 if failed:
-                    self._on_failure(failed[0]["error"])
+                    if self.recovery is not None and self.status == "running" and self.recovery.handle(failed[0]):
+                        continue                    # a worker was lost: restored from a checkpoint
+                    if self.error is not None:      # the recoveries ran out
+                        raise self.error
+                    self._on_failure(failed[0])
                 if bar is not None:
                     bar.n = sum(r["records_out"] for r in rows if self.plan.stages[r["key"][0]].is_source)
                     bar.refresh()
@@ -309,6 +402,12 @@ class Job:
         finally:
             if bar is not None:
                 bar.close()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+            with self.topology_lock:        # a checkpoint under way completes first
+                for f in [a.take_final() for a in self.actors.values()]:
+                    self.checkpointer.stage_outputs(f.result(), label=None)
+                self.checkpointer.commit(everything=True)
         self._commit_parquet()
         self.status = "done"
         if self.autoscaler is not None:
@@ -354,6 +453,8 @@ class Job:
             return
         if self.autoscaler is not None:
             self.autoscaler.stop()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         self._drainer.close()
         self._migrations.close()
         self._closed = True
@@ -380,6 +481,50 @@ class Job:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    # -- checkpoints (see streamlb._checkpoint and docs/fault-tolerance.md) --------------------------
+    def savepoint(self, path: str) -> str:
+        """Take a checkpoint now, written in full to ``path`` (a directory or fsspec URL) and
+        kept there (checkpoint retention never removes it); returns the path.
+
+        Restore it with ``streamlb.run(node, restore=path, ...)``, at any parallelism.
+
+        Raises
+        ------
+        CheckpointError
+            If ``path`` is not writable or an instance could not write its snapshot (the job
+            keeps running).
+        """
+        from ._checkpoint._coordinator import Checkpointer
+        from ._checkpoint._storage import check_writable, resolve
+
+        check_writable(path)
+        if self.status != "running":
+            raise CheckpointError(f"job {self.id} is {self.status}; a savepoint needs a running job")
+        if self._savepoints is None:
+            self._savepoints = self.checkpointer or Checkpointer(self, None)
+        manifest = self._savepoints.take(target=path)
+        if manifest is None:
+            raise CheckpointError(f"job {self.id}: the savepoint to {path!r} did not complete (see the log); "
+                                  "the job keeps running")
+        return resolve(path)[1]
+
+    def checkpoints(self) -> pd.DataFrame:
+        """The complete checkpoints and savepoints of this job, oldest first: ``id``,
+        ``kind``, ``epoch`` (the routing epoch it was taken at), ``started``, ``completed``,
+        ``duration`` (seconds), ``bytes_written``, ``bytes_referenced`` (files of earlier
+        checkpoints it reuses: incremental), ``keys``, ``full`` and ``path``."""
+        from ._checkpoint._coordinator import CHECKPOINT_COLUMNS
+
+        rows = []
+        for c in {id(c): c for c in (self.checkpointer, self._savepoints) if c is not None}.values():
+            rows.extend(c.rows)
+        return pd.DataFrame(sorted(rows, key=lambda r: r["completed"]), columns=CHECKPOINT_COLUMNS)
+
+    @property
+    def checkpoint_failures(self) -> int:
+        """Checkpoints that did not complete (a write failed or timed out); the job went on."""
+        return self.checkpointer.failures if self.checkpointer is not None else 0
 
     # -- live migration --------------------------------------------------------------------------
     def topology(self) -> dict:

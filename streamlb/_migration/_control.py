@@ -101,6 +101,27 @@ class JobControl:
         for op in ops:
             op.reconfiguring = True
 
+    async def pause_moves(self, names, timeout: float) -> None:
+        """Let the migration in flight on each of ``names`` end, then start no other until
+        :meth:`resume_moves` (a checkpoint or a recovery runs meanwhile). Gives up, pausing
+        nothing, after ``timeout`` seconds."""
+        ops = [self.operator(n) for n in sorted(names)]
+        got = []
+        try:
+            for op in ops:
+                await asyncio.wait_for(op.lock.acquire(), timeout)
+                got.append(op)
+        except BaseException:
+            for op in got:
+                op.lock.release()
+            raise
+
+    def resume_moves(self, names) -> None:
+        for n in names:
+            op = self.operators.get(n)
+            if op is not None and op.lock.locked():
+                op.lock.release()
+
     def release(self, names) -> None:
         for n in names:
             if n in self.operators:
@@ -109,13 +130,17 @@ class JobControl:
 
     def update_topology(self, topology: dict) -> None:
         """Instances were added, moved or retired: new peers, same tables (their
-        parallelism follows the owners)."""
+        parallelism follows the owners); ``topology["reset"]``: take its tables too."""
         self.sources = [tuple(p) for p in topology["sources"]]
         self.instances = [tuple(p) for p in topology["instances"]]
         for name, t in topology["operators"].items():
             op = self.operators[name]
             op.owners = [tuple(p) for p in t["owners"]]
             op.routers = [tuple(p) for p in t["routers"]]
+            if topology.get("reset"):       # a recovery: every instance is new, with these tables
+                op.table = RoutingTable(np.asarray(t["table"]), len(op.owners), int(t["epoch"]))
+                op.unsettled.clear()
+                continue
             old = op.table
             op.table = RoutingTable(old.owners, len(op.owners), old.epoch, splits=old.splits)
 

@@ -63,6 +63,15 @@ class Control(ABC):
         """End the reconfiguration of ``operators``."""
 
     @abstractmethod
+    def pause_moves(self, operators: list[str], timeout: float) -> None:
+        """Wait for the moves in flight on ``operators`` to end; start none until
+        :meth:`resume_moves` (see ``JobControl.pause_moves``)."""
+
+    @abstractmethod
+    def resume_moves(self, operators: list[str]) -> None:
+        """Moves of ``operators`` may start again."""
+
+    @abstractmethod
     def update_topology(self, topology: dict) -> None:
         """Instances were added, moved or retired."""
 
@@ -115,6 +124,15 @@ class DriverControl(Control):
 
     def release(self, operators: list[str]) -> None:
         self.control.release(operators)
+
+    def pause_moves(self, operators: list[str], timeout: float) -> None:
+        self.client.sync(self.control.pause_moves, operators, timeout)
+
+    def resume_moves(self, operators: list[str]) -> None:
+        self.client.sync(self._resume, operators)
+
+    async def _resume(self, operators: list[str]) -> None:     # on the loop that holds the locks
+        self.control.resume_moves(operators)
 
     def update_topology(self, topology: dict) -> None:
         self.control.update_topology(topology)
@@ -179,6 +197,12 @@ class PluginControl(Control):
     def release(self, operators: list[str]) -> None:
         self.control.release(operators)
         self._ask("streamlb_release", operators=operators)
+
+    def pause_moves(self, operators: list[str], timeout: float) -> None:
+        self._ask("streamlb_pause", operators=operators, timeout=timeout)
+
+    def resume_moves(self, operators: list[str]) -> None:
+        self._ask("streamlb_resume", operators=operators)
 
     def update_topology(self, topology: dict) -> None:
         tables = self._ask("streamlb_topology", topology=topology)

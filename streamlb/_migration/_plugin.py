@@ -104,6 +104,8 @@ class BalancerPlugin(SchedulerPlugin):
             "streamlb_trace": self.trace_handler,
             "streamlb_hold": self.hold_handler,
             "streamlb_release": self.release_handler,
+            "streamlb_pause": self.pause_handler,
+            "streamlb_resume": self.resume_handler,
             "streamlb_topology": self.topology_handler,
             "streamlb_set_table": self.set_table_handler,
             "streamlb_autoscale": self.autoscale_handler,
@@ -157,6 +159,12 @@ class BalancerPlugin(SchedulerPlugin):
     # -- reconfiguration (the job's driver orders it; see streamlb._reconfig) ----------------------
     async def hold_handler(self, job: str, operators: list) -> None:
         await self._job(job).control.hold(operators)
+
+    async def pause_handler(self, job: str, operators: list, timeout: float) -> None:
+        await self._job(job).control.pause_moves(operators, timeout)
+
+    def resume_handler(self, job: str, operators: list) -> None:
+        self._job(job).control.resume_moves(operators)
 
     def release_handler(self, job: str, operators: list) -> None:
         self._job(job).control.release(operators)
@@ -235,7 +243,7 @@ class BalancerPlugin(SchedulerPlugin):
         j.load[operator] = w.instance_load()
         j.imbalance[operator].append(w.imbalance())
         j.trace[operator].append(w.trace_row())
-        if op.in_flight or op.reconfiguring or time.time() - op.last_completed < self.cooldown:
+        if op.in_flight or op.reconfiguring or op.lock.locked() or time.time() - op.last_completed < self.cooldown:
             return
         if w.final:
             return                      # the stream is ending: nothing left to balance

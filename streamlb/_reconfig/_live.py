@@ -80,11 +80,14 @@ class Reconfigurer:
             self._busy.add(st.name)
         held = self._keyed_names(st, *self._downstream(st))
         try:
-            job._migrations.hold(held)
-            try:
-                yield
-            finally:
-                job._migrations.release(held)
+            with job.topology_lock:         # no checkpoint or recovery meanwhile
+                if job.status != "running":
+                    raise ReconfigurationError(f"job {job.id} is {job.status}; {what} needs a running job")
+                job._migrations.hold(held)
+                try:
+                    yield
+                finally:
+                    job._migrations.release(held)
         finally:
             with self._lock:
                 self._busy.discard(st.name)

@@ -138,6 +138,7 @@ class AggregateState(StateStore):
         self._adopt_split()
         if groups is None:
             groups = self._groups_of(keys)
+        self.mark_dirty(groups)
         if len(self.shards) == 1:
             sh = self.shards[0]
             touched = [(sh, sh.update(keys, groups, cols))]
@@ -191,6 +192,8 @@ class AggregateState(StateStore):
     def cut(self, groups) -> dict:
         """Take the state of ``groups`` out: a picklable blob for :meth:`install`."""
         self._adopt_split()
+        groups = list(groups)
+        self.mark_dirty(groups)
         return self._blob([sh.take(sh.slots_of(gs)) for sh, gs in self._groups_by_shard(groups)])
 
     def snapshot(self, groups) -> dict:
@@ -223,6 +226,7 @@ class AggregateState(StateStore):
 
     def cut_keys(self, keys: np.ndarray, groups: np.ndarray | None = None) -> dict:
         """Take the state of single keys out (those held here), for :meth:`install`."""
+        self.mark_dirty(None if groups is None else groups)
         return self._blob([sh.take(sh.held_slots(k)) for sh, _, k in self._by_shard(keys, groups)])
 
     def contains(self, keys: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
@@ -243,6 +247,7 @@ class AggregateState(StateStore):
         for c, dt in blob["dtypes"].items():
             self.dtypes.setdefault(c, dt)
         for part in blob["parts"]:
+            self.mark_dirty(part["key_groups"])
             at = self._shard_of[part["key_groups"]]
             tables = self._as_held(part["tables"])     # in this state's dtypes
             shards = list(self.shards)          # carving renumbers shards: keep these
@@ -273,6 +278,7 @@ class AggregateState(StateStore):
             self.dtypes.setdefault(c, dt)
         touched = []
         for part in blob["parts"]:
+            self.mark_dirty(part["key_groups"])
             tables = self._as_held(part["tables"])
             at = self._shard_of[part["key_groups"]]
             for s in np.unique(at).tolist():

@@ -33,6 +33,25 @@ class StateStore(abc.ABC):
     (0, 2)
     """
 
+    # -- what changed since the last checkpoint (incremental snapshots) ------------------------
+    groups: int                     # key groups of the job (set by each store)
+    _dirty: np.ndarray | None = None
+
+    def mark_dirty(self, groups) -> None:
+        """Key groups ``groups`` changed here (None: possibly any of them)."""
+        if self._dirty is None:
+            self._dirty = np.zeros(self.groups, bool)
+        if groups is None:
+            self._dirty[:] = True
+        elif len(groups):
+            self._dirty[np.asarray(groups, np.int64)] = True
+
+    def take_dirty(self) -> np.ndarray:
+        """The key groups that changed since the previous call (ascending), forgetting them:
+        a checkpoint writes these and references its previous files for the rest."""
+        d, self._dirty = self._dirty, None
+        return np.zeros(0, np.int64) if d is None else np.flatnonzero(d)
+
     @abc.abstractmethod
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> Any:
         """Apply one batch.

@@ -75,6 +75,7 @@ class StatefulMapState(StateStore):
         keys = column.tolist()
         states, func = self.states, self.func
         self._index_keys(self._new_keys(column, keys, groups))
+        self.mark_dirty(groups)
         rows = zip(*[_py_values(frame[c]) for c in frame.columns])
         outs: list = []
         append = outs.append
@@ -105,6 +106,7 @@ class StatefulMapState(StateStore):
     def cut(self, groups) -> dict:
         """Take the state of the keys in ``groups`` out, as a picklable blob."""
         groups = [int(g) for g in groups]
+        self.mark_dirty(groups)
         held = self._held(groups)
         for g in groups:
             self.by_group.pop(g, None)
@@ -123,6 +125,7 @@ class StatefulMapState(StateStore):
         keys = np.asarray(keys).tolist()
         if groups is None:
             groups = assign_to_key_group(_key_array(keys), self.groups, name=self.key_name) if keys else []
+        self.mark_dirty(groups)
         for k, g in zip(keys, np.asarray(groups).tolist()):
             if k in states:
                 out[k] = states.pop(k)
@@ -138,6 +141,7 @@ class StatefulMapState(StateStore):
     def install(self, blob: dict) -> None:
         """Add the states of a blob; its keys' groups travel with it, so nothing is hashed."""
         states = self.states
+        self.mark_dirty(blob["key_groups"])
         self._index_keys({k: g for k, g in zip(blob["states"], blob["key_groups"].tolist()) if k not in states})
         states.update(blob["states"])
 

@@ -24,7 +24,7 @@ from ..keygroups import assign_to_key_group
 from ..planner import Step
 from ..routing import RoutingTable
 from ._channels import OutChannel
-from ._messages import Batch, EndOfStream, ExchangeSpec, Marker
+from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker
 from ._steps import DeadLetters, call_user
 
 
@@ -78,6 +78,13 @@ class _Exchange:
             if not self.ended:
                 for ch in self.chans.values():
                     await ch.send(Marker(epoch))
+
+    async def checkpoint(self, cid: int, full: bool, target: str | None = None) -> None:
+        """The barrier of checkpoint ``cid`` on every channel, between two batches."""
+        async with self.lock:
+            if not self.ended:
+                for ch in self.chans.values():
+                    await ch.send(Checkpoint(cid, full, target))
 
     def resized(self) -> None:
         """The set of instances changed."""

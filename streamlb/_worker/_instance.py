@@ -22,10 +22,11 @@ from ..exceptions import PipelineError, StreamlbError
 from ..planner import Stage
 from ..routing import RoutingTable
 from ._align import Aligner
+from ._checkpoint import CheckpointSide
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._exchange import KeyedRouter, make_exchange
-from ._messages import (Barrier, Batch, EndOfStream, Envelope, Install, InstallKeys, Marker, Partial,
-                        PeerEnd)
+from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
+                        Marker, Partial, PeerEnd)
 from ._metrics import CostServer, Metrics
 from ._operators import make_operator
 from ._reconfig import Reconfigurable
@@ -90,6 +91,11 @@ class Instance(Reconfigurable):
         self.updated: set[int] = set()
         self.blocked: set[int] = set()          # senders past an update's marker
         self.deferred: collections.deque = collections.deque()
+        self.ctl_deferred: collections.deque = collections.deque()   # siblings past a checkpoint
+        self.combines = False
+        self.ckpt = CheckpointSide(self)
+        if self.source is not None:
+            self.source.put_barrier = self._source_barrier
 
     # -- wiring and lifecycle -------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
@@ -142,6 +148,8 @@ class Instance(Reconfigurable):
 
     async def _run_source(self, epoch0: float, resume: dict | None = None) -> None:
         await self.source.run(epoch0, resume)
+        self.source.exhausted = True        # barriers asked from now on: the source has ended
+        await self.source.put_barriers()
         await self._finish()
 
     async def _emit(self, batch: pd.DataFrame, emitted: float) -> None:
@@ -169,7 +177,7 @@ class Instance(Reconfigurable):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
-        if self.status in _ENDED and isinstance(env.msg, PeerEnd):
+        if self.status in _ENDED and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
             return          # a sibling added as this one finished: it has nothing to wait for
         if self.status in _ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
@@ -188,7 +196,11 @@ class Instance(Reconfigurable):
 
     async def _process_loop(self) -> None:
         while True:
+            if self.ckpt.ready:
+                await self.ckpt.flush()
             while not self.ctl and not self.inbox:
+                if self.ckpt.ready:
+                    await self.ckpt.flush()
                 if self._can_finish():      # woken by an abort that took the last epoch waited for
                     return await self._finish()
                 self._wake.clear()
@@ -198,9 +210,12 @@ class Instance(Reconfigurable):
             await asyncio.sleep(0)
             if self.ctl:
                 sender, msg, fut = self.ctl.popleft()
+                if self.ckpt.peer_marks and self.ckpt.holds_peer(sender):    # past a checkpoint
+                    self.ctl_deferred.append((sender, msg, fut))
+                    continue
             else:
                 sender, msg, fut = self.inbox.popleft()
-                if self.blocked and self.defers(sender):    # past an update's marker
+                if (self.blocked or self.ckpt.blocking) and self.defers(sender):   # past a marker
                     self.deferred.append((sender, msg, fut))
                     continue
             held = False
@@ -225,6 +240,8 @@ class Instance(Reconfigurable):
                 if epoch in self.updates:       # its rows wait until every sender is past it
                     self.blocked.add(sender)
                 self.aligner.marker(sender, epoch)
+            case Checkpoint():
+                self.ckpt.barrier(sender, msg)
             case EndOfStream():
                 self.aligner.end(sender)
                 self._inputs_changed()
@@ -236,6 +253,9 @@ class Instance(Reconfigurable):
                 await self.op.on_combine(msg)
             case PeerEnd(sender=sibling):
                 self.peer_ends.add(sibling)
+                self.ckpt.peers_changed()
+            case CheckpointPeer():
+                self.ckpt.peer_mark(msg)
             case Barrier():     # its sender learns that every earlier message was applied
                 pass
             case _:
@@ -274,6 +294,7 @@ class Instance(Reconfigurable):
                 and (not self.combines or len(self.peer_ends) == len(self.siblings) - 1))
 
     async def _finish(self) -> None:
+        await self.ckpt.flush()
         await self.tasks.join_spawned()
         await self.op.on_end()
         self.sinks.close()
@@ -342,14 +363,98 @@ class Instance(Reconfigurable):
         """Nothing queued, held or in flight from this instance."""
         return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
 
+    def release_deferred(self) -> None:
+        """Rows (and sibling messages) that waited for a marker or a checkpoint go first again;
+        those of senders still held wait again, in order."""
+        if self.deferred:
+            self.inbox.ready.extendleft(reversed(self.deferred))
+            self.deferred.clear()
+        if self.ctl_deferred:
+            self.ctl.ready.extendleft(reversed(self.ctl_deferred))
+            self.ctl_deferred.clear()
+        self._wake.set()
+
+    # -- checkpoints (see streamlb._worker._checkpoint) -----------------------------------------------
+    async def checkpointing(self, url: str) -> None:
+        """The job checkpoints to ``url``: outputs are staged per checkpoint from now on."""
+        self.ckpt.url = url
+        self.sinks.staged = True
+
+    def seal(self, cid: int) -> dict | None:
+        """What the sinks and the dead letters got since the previous barrier: checkpoint
+        ``cid``'s outputs, for the driver to commit once it completes."""
+        if not self.sinks.staged:
+            return None
+        return {"lists": self.sinks.take_lists(), "dead": self.dead.take(),
+                "files": self.sinks.seal() + self.sinks.take_closed()}
+
+    async def _source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
+        """A source between two batches: record what it emitted, then send the barrier on."""
+        position = {**self.source.position(), "records_out": self.records_out, "started_at": self.started_at}
+        segment = self.seal(cid)
+        for ex in self.exchanges.values():
+            await ex.checkpoint(cid, full, target)
+        self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
+                                "segment": segment, "position": position, "groups": None, "file": None,
+                                "error": None, "aligned_at": time.time(), "written_at": time.time()})
+
+    async def checkpoint(self, cid: int, full: bool = False, target: str | None = None) -> None:
+        """A source: put checkpoint ``cid``'s barrier out between the next two batches (at
+        once if the source has ended: its end aligns the instances downstream)."""
+        src = self.source
+        if src.exhausted or self.status != "running":
+            position = {**src.position(), "ended": True, "records_out": self.records_out,
+                        "started_at": self.started_at, "finished_at": self.finished_at,
+                        "offsets": dict(src.offsets)}
+            self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
+                                    "segment": None, "position": position, "groups": None, "file": None,
+                                    "error": None, "aligned_at": time.time(), "written_at": time.time()})
+            return
+        src.ask_barrier(cid, full, target)
+
+    async def await_checkpoint(self, cid: int, full: bool, timeout: float, target: str | None = None) -> dict:
+        """This instance's acknowledgement of checkpoint ``cid`` once its snapshot is
+        written (an instance whose inputs all ended takes it from its final state)."""
+        if self.status in ("failed", "stopped", "retired"):
+            raise StreamlbError(f"instance {self.label} is {self.status}; it cannot take checkpoint {cid}")
+        if self.source is None:
+            self.ckpt.expect(cid, full, target)
+            if self.status == "done":
+                await self.ckpt.flush()
+            else:
+                self._wake.set()
+        return await asyncio.wait_for(asyncio.shield(self.ckpt.future(cid)), timeout)
+
+    async def forget_checkpoint(self, cid: int) -> None:
+        self.ckpt.acks.pop(cid, None)
+
+    async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
+        """Install the state of key groups ``groups`` from a checkpoint (read off the event
+        loop); returns the keys installed."""
+        from .._checkpoint._storage import read_groups
+
+        blob = await asyncio.get_running_loop().run_in_executor(
+            None, read_groups, base, manifest, self.stage.name, self.stage.kind, groups)
+        self.store.install(blob)
+        self.store.take_dirty()
+        return len(self.store)
+
     # -- driver-facing ----------------------------------------------------------------------------
     def poll(self) -> dict:
-        return {"status": self.status, "error": self.error, "lists": self.sinks.take_lists(),
-                "records_in": self.records_in, "records_out": self.records_out,
-                "started_at": self.started_at, "finished_at": self.finished_at,
-                "offsets": dict(self.source.offsets) if self.source else {}, "dead_letters": self.dead.take(),
-                "offered_rate": self.source.offered_rate if self.source else None,
-                "lag": self.source.lag if self.source else 0.0}
+        staged = self.sinks.staged
+        out = {"status": self.status, "error": self.error, "lists": {} if staged else self.sinks.take_lists(),
+               "records_in": self.records_in, "records_out": self.records_out,
+               "started_at": self.started_at, "finished_at": self.finished_at,
+               "offsets": dict(self.source.offsets) if self.source else {},
+               "dead_letters": [] if staged else self.dead.take(),
+               "offered_rate": self.source.offered_rate if self.source else None,
+               "lag": self.source.lag if self.source else 0.0}
+        return out
+
+    async def take_final(self) -> dict | None:
+        """A checkpointed job that finished: the outputs after the last barrier (committed
+        by the driver now that every instance is done)."""
+        return self.seal(-1)
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)

@@ -1,9 +1,9 @@
 """Everything that crosses an actor boundary, as frozen dataclasses.
 
 Data lane (router -> owner, numbered per channel): :class:`Batch`, :class:`Marker`,
-:class:`EndOfStream`. Control lane (owner -> owner, numbered per pair, applied ahead of the
-data): :class:`Install`, :class:`InstallKeys`, :class:`Partial`, :class:`PeerEnd`,
-:class:`Barrier`. An :class:`Envelope` carries one of them with its sender, the sender's
+:class:`Checkpoint`, :class:`EndOfStream`. Control lane (owner -> owner, numbered per pair,
+applied ahead of the data): :class:`Install`, :class:`InstallKeys`, :class:`Partial`,
+:class:`PeerEnd`, :class:`Barrier`, :class:`CheckpointPeer`. An :class:`Envelope` carries one of them with its sender, the sender's
 incarnation (``run``) and its sequence number on that lane, so a receiver restores FIFO
 order and drops messages of an incarnation it no longer knows.
 """
@@ -42,10 +42,32 @@ class Batch:
 @dataclass(frozen=True)
 class Marker:
     """The router switched to ``epoch``: no later record on this channel was routed by an
-    older table. ``checkpoint`` is kept for checkpoint barriers (None: none)."""
+    older table. (Checkpoint barriers are :class:`Checkpoint`.)"""
 
     epoch: int
-    checkpoint: int | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint barrier: no later record on this channel counts towards checkpoint
+    ``id``. ``full``: write every key group (no reference to earlier files)."""
+
+    kind = "checkpoint"      # the name errors give it
+
+    id: int
+    full: bool = False
+    target: str | None = None       # a savepoint's path (None: the job's checkpoint path)
+
+
+@dataclass(frozen=True)
+class CheckpointPeer:
+    """Sibling ``sender`` aligned on checkpoint ``id``: every partial aggregate it sent
+    for records before the barrier came before this (control lane, FIFO per pair)."""
+
+    kind = "checkpoint_peer"      # the name errors give it
+
+    id: int
+    sender: int
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class Reconfigurable:
         self.tasks.cancel()
         out = self.poll()
         out["metrics"] = self.metrics()
+        out["final"] = self.seal(-1)        # a checkpointed job commits these with its next checkpoint
         return out
 
     async def _until_quiet(self, timeout: float, what: str) -> None:
@@ -150,10 +151,7 @@ class Reconfigurable:
         self.updated.add(epoch)
         self.aligner.forget(epoch)
         self.blocked.clear()
-        if self.deferred:
-            self.inbox.ready.extendleft(reversed(self.deferred))
-            self.deferred.clear()
-        self._wake.set()
+        self.release_deferred()
 
     async def set_function(self, path: tuple, func) -> None:
         """A source: switch now, between two batches."""
@@ -168,5 +166,6 @@ class Reconfigurable:
         return epoch in self.updated
 
     def defers(self, sender: int) -> bool:
-        """Whether what ``sender`` sent waits for an update to switch (it sent the marker)."""
-        return sender in self.blocked
+        """Whether what ``sender`` sent waits: for an update to switch (it sent the marker),
+        or for a checkpoint to be taken here (it sent the barrier)."""
+        return sender in self.blocked or self.ckpt.holds(sender)

@@ -20,6 +20,12 @@ class Sinks:
         self.lists: dict[int, list] = collections.defaultdict(list)
         self._writers: dict[str, object] = {}
         self._files: dict[str, str] = {}
+        # a checkpointed job stages its outputs per checkpoint (two-phase commit): each
+        # checkpoint's files are closed when its barrier passes and committed by the driver
+        # once the checkpoint is complete
+        self.staged = False
+        self.segment = 0
+        self.closed: list[list[str]] = []   # [path, file] closed at the end, not yet reported
 
     def append(self, target: int, x) -> None:
         self.lists[target].append(x)
@@ -42,7 +48,8 @@ class Sinks:
         if w is None:
             tmp = os.path.join(path, "_temporary")
             os.makedirs(tmp, exist_ok=True)
-            fn = os.path.join(tmp, f"{self.part}.parquet")
+            fn = os.path.join(tmp, f"{self.part}-c{self.segment:05d}.parquet" if self.staged
+                              else f"{self.part}.parquet")
             w = self._writers[path] = pq.ParquetWriter(fn, table.schema)
             self._files[path] = fn
         try:
@@ -54,11 +61,27 @@ class Sinks:
             ) from exc
         w.write_table(table)
 
-    def close(self) -> None:
-        """End of stream: close the files (the driver commits them)."""
+    def seal(self) -> list[list[str]]:
+        """A checkpoint barrier passed: close the files written since the previous one and
+        return them (``[path, file]``); later rows go to new files."""
+        files = [[path, self._files[path]] for path in self._writers]
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+        self._files.clear()
+        self.segment += 1
+        return files
+
+    def close(self) -> None:
+        """End of stream: close the files (the driver commits them)."""
+        self.closed.extend([path, self._files[path]] for path in self._writers)
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+    def take_closed(self) -> list[list[str]]:
+        out, self.closed = self.closed, []
+        return out
 
     def abort(self) -> None:
         """A failed or stopped instance removes what it wrote."""

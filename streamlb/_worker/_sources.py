@@ -41,6 +41,34 @@ class Source:
         self.parked = asyncio.Event()           # waiting at a closed gate, between two batches
         self.handing_over = asyncio.Event()     # a replacement takes over: stay parked for good
         self.handing_over.set()                 # (set: not handing over)
+        # checkpoint barriers to put out between two batches: (id, full); ``put_barrier(id,
+        # full)`` (the instance's) records the position and sends the barrier on
+        self.barriers: list[tuple] = []
+        self.barrier_due = asyncio.Event()
+        self.put_barrier: Callable[..., Awaitable[None]] | None = None
+        self.exhausted = False                  # every row emitted (what is asked now: ended)
+
+    def ask_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
+        """Put checkpoint ``cid``'s barrier out before the next row leaves."""
+        self.barriers.append((cid, full, target))
+        self.barrier_due.set()
+
+    async def put_barriers(self) -> None:
+        """Send the barriers asked for (between two batches)."""
+        self.barrier_due.clear()
+        while self.barriers:
+            await self.put_barrier(*self.barriers.pop(0))
+
+    async def _nap(self, delay: float, barriers: bool) -> None:
+        """Sleep ``delay`` seconds, or less if a flush (or, with ``barriers``, a barrier) is asked for."""
+        waits = [asyncio.ensure_future(self.flush_due.wait())]
+        if barriers:
+            waits.append(asyncio.ensure_future(self.barrier_due.wait()))
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     def position(self) -> dict:
         """Where the stream is, once parked: a replacement started with it emits exactly
@@ -83,6 +111,8 @@ class Source:
             ahead = loop.run_in_executor(reader, next, batches, None)
             batch, due, mark = item
             n = len(batch)
+            if self.barriers:
+                await self.put_barriers()
             if not self.gate.is_set() or not self.handing_over.is_set():
                 self.parked.set()
                 await self.gate.wait()                  # a pause
@@ -95,17 +125,20 @@ class Source:
                     self.offered_rate = n / (due - last_due)
                 last_due = due
                 self.lag = max(time.time() - due, 0.0)
+                whole = True            # nothing of this batch left yet
                 while (delay := due - time.time()) > 0:
-                    try:
-                        await asyncio.wait_for(self.flush_due.wait(), delay)
-                    except asyncio.TimeoutError:
-                        break
+                    await self._nap(delay, whole)
+                    if self.barriers and whole:     # before the batch: the position is exact
+                        await self.put_barriers()
+                    if not self.flush_due.is_set():
+                        continue        # slept the delay out, or a barrier went
                     # an epoch switched this router, asking for a flush: the rows already
                     # due go out now, so its new routing takes effect without waiting
                     # for the batch's end (no row leaves before its time)
                     self.flush_due.clear()
                     cut = self.rows_due(batch, t0, sent, per_instance)
                     if cut:
+                        whole = False
                         await self.emit(batch.iloc[:cut], time.time())
                         self._emitted(batch.iloc[:cut], mark)
                         batch, sent = batch.iloc[cut:].reset_index(drop=True), sent + cut

@@ -1,0 +1,267 @@
+"""The driver's side of checkpoints: trigger, collect, complete, commit the outputs.
+
+One checkpoint at a time, every ``interval`` seconds, from a thread of the driver:
+
+1. hold the job's topology (no rescale, move, update or drain starts; one under way is
+   waited for) and pause the migrations of every keyed operator (the one in flight ends
+   first), so a checkpoint never cuts through an epoch;
+2. ask every source for a barrier between two batches; the instances align on it, snapshot
+   and acknowledge (see :mod:`streamlb._worker._checkpoint`);
+3. once every instance acknowledged, write the manifest (last, by an atomic rename: the
+   checkpoint is then complete), drop old checkpoints, and commit the outputs staged for
+   it: Parquet files move out of ``_temporary``, ``sink_to_list`` items reach the lists.
+
+A key group no instance rewrote since the previous complete checkpoint is referenced in
+the new manifest, not written again (incremental). A failed checkpoint (a write error, a
+timeout) is counted and logged; the job goes on and the next checkpoint writes everything.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from .. import config
+from ..exceptions import CheckpointError
+
+logger = logging.getLogger("streamlb.checkpoint")
+
+FORMAT = 1
+CHECKPOINT_COLUMNS = ["id", "kind", "epoch", "started", "completed", "duration", "bytes_written",
+                      "bytes_referenced", "keys", "full", "path"]
+
+
+def graph_of(plan, key_groups: int) -> dict:
+    """What a restore must find again: each keyed operator's kind, key and aggregate spec,
+    each source's files."""
+    ops = {}
+    for st in plan.stages:
+        if st.kind in ("aggregate", "stateful_map"):
+            ops[st.name] = {"kind": st.kind, "key": st.key_name,
+                            "spec": {k: list(v) for k, v in sorted(st.spec.items())} if st.kind == "aggregate" else None}
+    sources = {st.name: {"kind": st.kind, "files": [os.path.abspath(f) for f in st.files],
+                         "parallelism": st.parallelism, "replay": bool(st.rate and st.event_time)}
+               for st in plan.stages if st.is_source}
+    return {"key_groups": key_groups, "operators": ops, "sources": sources}
+
+
+class Checkpointer:
+    """The checkpoints of one :class:`~streamlb.Job` (``url`` None: savepoints only)."""
+
+    def __init__(self, job, url: str | None, interval: float | None = None) -> None:
+        from . import _storage
+
+        self.job = job
+        self.url = url
+        self.interval = config.seconds("checkpoint.interval", interval)
+        if self.interval <= 0:
+            raise CheckpointError(f"checkpoint_interval must be > 0 seconds, got {interval!r}")
+        self.retained = int(config.get("checkpoint.retained"))
+        self.timeout = config.seconds("checkpoint.timeout")
+        self.next_id = max(_storage.checkpoint_ids(url), default=0) + 1 if url else 1
+        self.last: dict | None = None       # the last complete checkpoint's manifest
+        self.last_base: str | None = None
+        self.completed_id = 0               # id of the last complete checkpoint (0: none)
+        self.triggered_id = 0               # id of the last checkpoint triggered
+        self.force_full = True
+        self.failures = 0
+        self.rows: list[dict] = []
+        self.staged: list[dict] = []        # output segments waiting for their checkpoint
+        self._outputs = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the thread ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.url is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name=f"streamlb-checkpoint-{self.job.id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.timeout + 5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            job = self.job
+            if job.status != "running":
+                return
+            try:
+                if job.recovery is not None and job.recovery.check():
+                    continue            # a worker was lost: recovered instead
+                self.take()
+            except Exception as exc:        # never stops the job: the next one retries
+                if job.status == "running" and not self._stop.is_set():
+                    logger.warning("job %s: checkpoint failed: %s", job.id, exc)
+
+    # -- one checkpoint -----------------------------------------------------------------------------
+    def take(self, target: str | None = None) -> dict | None:
+        """Take a checkpoint now (``target``: a savepoint written there, kept, full);
+        returns its manifest, or None if it did not complete."""
+        job = self.job
+        keyed = [st.name for st in job.plan.stages if st.id in job.tables]
+        with job.topology_lock:
+            if job.status != "running":
+                raise CheckpointError(f"job {job.id} is {job.status}; a checkpoint needs a running job")
+            job._migrations.pause_moves(keyed, self.timeout)
+            try:
+                return self._take(target)
+            finally:
+                job._migrations.resume_moves(keyed)
+
+    def _take(self, target: str | None) -> dict | None:
+        from . import _storage
+
+        job = self.job
+        cid = self.next_id
+        self.next_id += 1
+        self.triggered_id = cid
+        full = self.force_full or target is not None
+        url = target or self.url
+        t0 = time.time()
+        actors = dict(job.actors)
+        stages = {st.id: st for st in job.plan.stages}
+        sources = [k for k in actors if stages[k[0]].is_source]
+        for f in [actors[k].checkpoint(cid, full, target) for k in sources]:
+            f.result(timeout=self.timeout)
+        futs = {k: a.await_checkpoint(cid, full, self.timeout, target) for k, a in actors.items()}
+        acks, errors = {}, []
+        for k, f in futs.items():
+            try:
+                acks[k] = f.result(timeout=self.timeout + 5)
+            except Exception as exc:
+                errors.append(f"{stages[k[0]].name}[{k[1]}]: {type(exc).__name__}: {exc}")
+        for ack in acks.values():
+            if ack.get("segment"):
+                self.stage_outputs(ack["segment"], label=cid)
+            if ack.get("error"):
+                errors.append(ack["error"])
+        if errors:
+            self.failures += 1
+            self.force_full = True
+            logger.warning("job %s: checkpoint %d failed (%d so far): %s", job.id, cid, self.failures, errors[0])
+            return None
+        manifest = self._manifest(cid, full, target, acks, t0)
+        name = "." if target else f"chk-{cid:06d}"
+        manifest["base"] = "." if target else ".."
+        try:
+            _storage.write_manifest(url, name, manifest)
+        except Exception as exc:
+            self.failures += 1
+            self.force_full = True
+            logger.warning("job %s: checkpoint %d: the manifest could not be written: %s", job.id, cid, exc)
+            return None
+        done = time.time()
+        self.rows.append({"id": cid, "kind": "savepoint" if target else "checkpoint", "epoch": manifest["epoch"],
+                          "started": t0, "completed": done, "duration": done - t0,
+                          "bytes_written": manifest["bytes_written"], "bytes_referenced": manifest["bytes_referenced"],
+                          "keys": manifest["keys"], "full": full, "path": _storage.resolve(url)[1]})
+        # a savepoint's snapshot reset what changed since the last checkpoint: the next writes all
+        self.force_full = target is not None
+        if target is None:
+            self.last, self.last_base = manifest, _storage.resolve(url)[1]
+            self.completed_id = cid
+            _storage.retain(url, self.retained)
+        self.commit()
+        for k, a in actors.items():
+            a.forget_checkpoint(cid)
+        logger.info("job %s: %s %d complete in %.3f s (%d bytes written, %d referenced)", job.id,
+                    "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
+                    manifest["bytes_referenced"])
+        return manifest
+
+    def _manifest(self, cid: int, full: bool, target: str | None, acks: dict, t0: float) -> dict:
+        job = self.job
+        prev = None if full else self.last
+        files: dict[str, dict] = {}
+        written = referenced = keys = 0
+        operators, epochs = {}, []
+        for st in job.plan.stages:
+            if st.id not in job.tables:
+                continue
+            table = job._migrations.routing(st.name)
+            epochs.append(table.epoch)
+            old = prev["operators"][st.name]["groups"] if prev else {}
+            groups: dict[str, list] = {}
+            for i in range(st.parallelism):
+                ack = acks[(st.id, i)]
+                fresh = set(ack["groups"] or ())
+                entry = ack["file"] or {}
+                if entry.get("file"):
+                    files[entry["file"]] = {"bytes": entry["bytes"], "crc32": entry["crc32"]}
+                    written += entry["bytes"]
+                at = {int(g): r for g, r in (entry.get("groups") or {}).items()}
+                for g in np.flatnonzero(table.owners == i).tolist():
+                    if g in fresh:
+                        if g in at:
+                            groups[str(g)] = [entry["file"], int(at[g][0]), int(at[g][1])]
+                    elif str(g) in old:
+                        groups[str(g)] = old[str(g)]
+                        f = old[str(g)][0]
+                        if f not in files:
+                            files[f] = prev["files"][f]
+                            referenced += prev["files"][f]["bytes"]
+            keys += sum(int(r[2]) for r in groups.values())
+            operators[st.name] = {"parallelism": st.parallelism, "table": table.owners.tolist(),
+                                  "epoch": table.epoch, "groups": groups}
+        sources: dict[str, list] = {}
+        for st in job.plan.stages:
+            if st.is_source:
+                sources[st.name] = [acks[(st.id, i)]["position"] for i in range(st.parallelism)]
+        return {"format": FORMAT, "id": cid, "kind": "savepoint" if target else "checkpoint", "job": job.id,
+                "epoch": max(epochs, default=0), "started": t0, "completed": time.time(), "full": full,
+                "graph": graph_of(job.plan, job.key_groups), "operators": operators, "sources": sources,
+                "files": files, "bytes_written": written, "bytes_referenced": referenced, "keys": keys}
+
+    # -- outputs (two-phase commit) -----------------------------------------------------------------
+    def stage_outputs(self, segment: dict, label: int | None) -> None:
+        """Outputs of one instance: those before checkpoint ``label``'s barrier, or (None)
+        those after its last barrier, of an instance that retired."""
+        if not segment or not (segment.get("lists") or segment.get("dead") or segment.get("files")):
+            return
+        with self._outputs:
+            self.staged.append({"label": label, "after": self.triggered_id, **segment})
+        self.commit()
+
+    def commit(self, everything: bool = False) -> None:
+        """Hand over the outputs of complete checkpoints (``everything``: the job finished)."""
+        with self._outputs:
+            done = self.completed_id
+            ready = [s for s in self.staged if everything or
+                     (s["label"] is not None and s["label"] <= done) or (s["label"] is None and s["after"] < done)]
+            self.staged = [s for s in self.staged if not any(s is r for r in ready)]
+        ready.sort(key=lambda s: (s["label"] is None, s["label"] or 0))
+        job = self.job
+        for s in ready:
+            for sid, items in (s.get("lists") or {}).items():
+                job.plan.list_sinks[sid].extend(items)
+            job._dead.extend(s.get("dead") or ())
+            for path, fn in s.get("files") or ():
+                if os.path.exists(fn):
+                    os.makedirs(path, exist_ok=True)
+                    os.replace(fn, os.path.join(path, os.path.basename(fn)))
+
+    def discard_outputs(self) -> int:
+        """A recovery: outputs of checkpoints that did not complete are dropped (their
+        records are replayed); returns how many segments."""
+        with self._outputs:
+            n, self.staged = len(self.staged), []
+        for path in self.job.plan.parquet_paths:
+            tmp = os.path.join(path, "_temporary")
+            if os.path.isdir(tmp):
+                for fn in os.listdir(tmp):
+                    try:
+                        os.remove(os.path.join(tmp, fn))
+                    except OSError:
+                        pass
+        return n
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=CHECKPOINT_COLUMNS)
