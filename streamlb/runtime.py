@@ -321,18 +321,24 @@ class Job:
         _placement.start(self.actors, self.plan.stages, resume)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def _poll(self) -> list[dict]:
-        futs = [(k, a.poll()) for k, a in list(self.actors.items())]    # a rescale may change them
+    def _poll(self, timeout: float | None = None) -> list[dict]:
+        """Every instance's status and new outputs. ``timeout``: seconds to wait for an
+        answer before raising ``TimeoutError`` (an instance on a worker that died may keep
+        the call waiting for the connect timeout)."""
+        futs = []
+        for k, a in list(self.actors.items()):      # a rescale may change them
+            try:
+                futs.append((k, a.poll()))
+            except Exception as exc:    # Dask already knows the actor's worker is gone
+                self._unreachable(k, exc)
         out = []
         for k, f in futs:
             try:
-                r = f.result()
+                r = f.result(timeout=timeout)
+            except TimeoutError:
+                raise
             except Exception as exc:
-                st = self.plan.stages[k[0]]
-                raise JobFailedError(
-                    f"instance {st.name}[{k[1]}] on {self.workers_of.get(k)} is unreachable: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+                self._unreachable(k, exc)
             r["key"] = k
             if r["status"] == "retired":      # retired by a rescale meanwhile: absorbed there
                 continue
@@ -341,6 +347,11 @@ class Job:
             self._take_outputs(r)
         self._last = out
         return out
+
+    def _unreachable(self, k, exc: BaseException):
+        st = self.plan.stages[k[0]]
+        raise JobFailedError(f"instance {st.name}[{k[1]}] on {self.workers_of.get(k)} is unreachable: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
     def _take_outputs(self, r: dict) -> None:
         for sid, items in r["lists"].items():
@@ -378,9 +389,16 @@ class Job:
             bar = tqdm(total=total, unit="rec", unit_scale=True, desc="records")
         try:
             while True:
+                if self.recovery is not None and self.recovery.check():
+                    continue                        # a worker was lost: restored from a checkpoint
                 try:
-                    rows = self._poll()
+                    with self.topology_lock:        # not halfway through a recovery or a rescale
+                        rows = self._poll(timeout=None if self.recovery is None else 2.0)
                     failed = [r["error"] for r in rows if r["status"] == "failed"]
+                except TimeoutError:                # slow to answer: was its worker lost?
+                    if deadline is not None and time.time() > deadline:
+                        raise TimeoutError(f"job {self.id} still running after {timeout}s") from None
+                    continue
                 except JobFailedError as exc:       # an instance could not be reached
                     rows, failed = [], [exc]
                 if failed:
@@ -392,7 +410,7 @@ class Job:
                 if bar is not None:
                     bar.n = sum(r["records_out"] for r in rows if self.plan.stages[r["key"][0]].is_source)
                     bar.refresh()
-                if all(r["status"] == "done" for r in rows):
+                if rows and all(r["status"] == "done" for r in rows):
                     break
                 if any(r["status"] == "stopped" for r in rows):
                     raise JobFailedError(f"job {self.id} was stopped before it finished")
@@ -405,6 +423,7 @@ class Job:
         if self.checkpointer is not None:
             self.checkpointer.stop()
             with self.topology_lock:        # a checkpoint under way completes first
+                self.checkpointer.collect_late(wait=True)
                 for f in [a.take_final() for a in self.actors.values()]:
                     self.checkpointer.stage_outputs(f.result(), label=None)
                 self.checkpointer.commit(everything=True)

@@ -138,3 +138,13 @@ def cli_cluster():
     """A `dask scheduler` and two `dask worker` processes on loopback."""
     with dask_cli_cluster() as address:
         yield address
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (long property-based runs) run only with STREAMLB_SLOW=1."""
+    if os.environ.get("STREAMLB_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set STREAMLB_SLOW=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -68,8 +68,10 @@ class Checkpointer:
         self.triggered_id = 0               # id of the last checkpoint triggered
         self.force_full = True
         self.failures = 0
+        self.in_progress: int | None = None     # id of the checkpoint under way
         self.rows: list[dict] = []
         self.staged: list[dict] = []        # output segments waiting for their checkpoint
+        self.late: list[tuple] = []         # (instance key, checkpoint id) acknowledged after the timeout
         self._outputs = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,8 +91,8 @@ class Checkpointer:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             job = self.job
-            if job.status != "running":
-                return
+            if job.status != "running" or job.client.status not in ("running", "connecting"):
+                return          # finished, failed, or its client was closed under it
             try:
                 if job.recovery is not None and job.recovery.check():
                     continue            # a worker was lost: recovered instead
@@ -112,15 +114,17 @@ class Checkpointer:
             try:
                 return self._take(target)
             finally:
+                self.in_progress = None
                 job._migrations.resume_moves(keyed)
 
     def _take(self, target: str | None) -> dict | None:
         from . import _storage
 
         job = self.job
+        self.collect_late()
         cid = self.next_id
         self.next_id += 1
-        self.triggered_id = cid
+        self.triggered_id = self.in_progress = cid
         full = self.force_full or target is not None
         url = target or self.url
         t0 = time.time()
@@ -136,6 +140,7 @@ class Checkpointer:
                 acks[k] = f.result(timeout=self.timeout + 5)
             except Exception as exc:
                 errors.append(f"{stages[k[0]].name}[{k[1]}]: {type(exc).__name__}: {exc}")
+                self.late.append((k, cid))      # its outputs of this checkpoint are still to collect
         for ack in acks.values():
             if ack.get("segment"):
                 self.stage_outputs(ack["segment"], label=cid)
@@ -246,11 +251,31 @@ class Checkpointer:
                     os.makedirs(path, exist_ok=True)
                     os.replace(fn, os.path.join(path, os.path.basename(fn)))
 
+    def collect_late(self, wait: bool = False) -> None:
+        """Outputs of instances that acknowledged a checkpoint after it was given up: staged
+        under that checkpoint's id (committed with the next complete one). ``wait``: the job
+        finished, so every one of them is there."""
+        keep = []
+        for k, cid in self.late:
+            actor = self.job.actors.get(k)
+            if actor is None:
+                continue            # retired or recovered since: nothing to collect
+            try:
+                ack = actor.await_checkpoint(cid, True, self.timeout if wait else 0.05).result(
+                    timeout=self.timeout + 5)
+            except Exception:
+                keep.append((k, cid))
+                continue
+            self.stage_outputs(ack.get("segment"), label=cid)
+            actor.forget_checkpoint(cid)
+        self.late = [] if wait else keep
+
     def discard_outputs(self) -> int:
         """A recovery: outputs of checkpoints that did not complete are dropped (their
         records are replayed); returns how many segments."""
         with self._outputs:
             n, self.staged = len(self.staged), []
+        self.late = []
         for path in self.job.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
             if os.path.isdir(tmp):

@@ -98,6 +98,7 @@ class Recovery:
             logger.warning("job %s: worker %s lost (instances of %s); restoring %s (recovery %d of %d)",
                            job.id, ", ".join(lost), ", ".join(names), last, self.count, self.attempts)
             keyed = [st.name for st in job.plan.stages if st.id in job.tables]
+            job._migrations.lose(lost)      # a move in flight on them fails at once
             self._drop_actors()
             paused = True
             try:

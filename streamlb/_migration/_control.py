@@ -18,14 +18,38 @@ from ..routing import RoutingTable
 Call = Callable[..., Awaitable]
 
 
-def actor_caller(rpc) -> Call:
+def actor_caller(rpc, alive: Callable[[str], bool] | None = None) -> Call:
     """``call(address, key, method, *args)`` through the connection pool ``rpc`` (a
-    client's or the scheduler's)."""
+    client's or the scheduler's). ``alive(address)``: whether that worker is still there;
+    a call to one that is not fails at once (a connection would be retried for the connect
+    timeout), so a migration whose actors died with their worker ends quickly."""
+    pending: dict[str, set] = {}
+    lost: set[str] = set()
+
     async def call(address: str, key: str, method: str, *args):
         # imported on first use: the worker package loads the actor module
         from .._worker._channels import call_actor
 
-        return await call_actor(rpc, address, key, method, *args)
+        if address in lost or (alive is not None and not alive(address)):
+            raise MigrationError(f"worker {address} (actor {key}) is gone")
+        task = asyncio.ensure_future(call_actor(rpc, address, key, method, *args))
+        pending.setdefault(address, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if address in lost and task.cancelled():
+                raise MigrationError(f"worker {address} (actor {key}) was lost during {method!r}") from None
+            raise
+        finally:
+            pending.get(address, set()).discard(task)
+
+    def lose(address: str) -> None:
+        """Worker ``address`` died: calls to it in flight fail now (on the caller's loop)."""
+        lost.add(address)
+        for task in pending.pop(address, ()):
+            task.cancel()
+
+    call.lose = lose
 
     return call
 

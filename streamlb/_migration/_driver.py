@@ -71,6 +71,10 @@ class Control(ABC):
     def resume_moves(self, operators: list[str]) -> None:
         """Moves of ``operators`` may start again."""
 
+    def lose(self, workers: list[str]) -> None:
+        """``workers`` died: a migration waiting on them fails now rather than after the
+        connect timeout (the scheduler plugin learns it from the scheduler itself)."""
+
     @abstractmethod
     def update_topology(self, topology: dict) -> None:
         """Instances were added, moved or retired."""
@@ -130,6 +134,13 @@ class DriverControl(Control):
 
     def resume_moves(self, operators: list[str]) -> None:
         self.client.sync(self._resume, operators)
+
+    def lose(self, workers: list[str]) -> None:
+        self.client.sync(self._lose, workers)
+
+    async def _lose(self, workers: list[str]) -> None:
+        for w in workers:
+            self._call.lose(w)
 
     async def _resume(self, operators: list[str]) -> None:     # on the loop that holds the locks
         self.control.resume_moves(operators)

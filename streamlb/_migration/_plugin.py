@@ -87,7 +87,7 @@ class BalancerPlugin(SchedulerPlugin):
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
-        self._call = actor_caller(scheduler.rpc)
+        self._call = actor_caller(scheduler.rpc, lambda address: address in scheduler.workers)
         self.balancer = config.get("balancer.name", self.balancer)
         self.migration = check_strategy(config.get("migration.strategy", self.migration))
         self.window = config.seconds("window", self.window)
@@ -165,6 +165,12 @@ class BalancerPlugin(SchedulerPlugin):
 
     def resume_handler(self, job: str, operators: list) -> None:
         self._job(job).control.resume_moves(operators)
+
+    def remove_worker(self, scheduler=None, worker=None, **kwargs) -> None:
+        """A worker left: migrations waiting on its actors fail now, not after the connect
+        timeout (a job then recovers from its checkpoint, see streamlb._checkpoint)."""
+        if worker is not None and hasattr(self, "_call"):
+            self._call.lose(worker)
 
     def release_handler(self, job: str, operators: list) -> None:
         self._job(job).control.release(operators)

@@ -131,7 +131,10 @@ class Reconfigurer:
             job.client, job.id, st, list(where), job.workers, upstream=senders, key_groups=job.key_groups,
             window=job.window, credits=job.credits, where=where, run=run)
         job._futures.update(futures)
-        return {k: f.result() for k, f in futures.items()}
+        actors = {k: f.result() for k, f in futures.items()}
+        if job.checkpointer is not None:    # they stage outputs and write snapshots like the others
+            self._result([a.checkpointing(job.checkpointer.url) for a in actors.values()])
+        return actors
 
     def _tables(self) -> dict:
         """The routing table in force of every keyed stage (new routers start with it)."""
