@@ -297,7 +297,10 @@ class to_parquet(Sink):
     """Write every batch to partitioned Parquet under ``path``.
 
     Each instance writes its own ``part-<stage>-<instance>.parquet``. Files appear only when
-    the job completes, followed by a ``_SUCCESS`` marker; a failed job leaves neither.
+    the job completes, followed by a ``_SUCCESS`` marker; a failed job leaves neither. A job
+    run with ``checkpoint=`` writes one file per instance per checkpoint
+    (``part-<stage>-<instance>[-r<run>]-c<n>.parquet``) and commits each when its checkpoint
+    completes, so each record's output is written exactly once across a recovery.
 
     Parameters
     ----------
