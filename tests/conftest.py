@@ -126,11 +126,13 @@ def dask_cli_cluster(scheduler_args=(), env=None, workers=2):
     finally:
         for p in procs[::-1]:
             p.terminate()
+        deadline = time.time() + 10
         for p in procs:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=max(deadline - time.time(), 0.1))
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -81,13 +81,27 @@ actions = st.lists(
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])     # a shrink would rerun a cluster job per step
 @given(actions=actions)
 def test_random_reconfigurations_with_a_balancer_lose_nothing(two_workers, zipf_path, zipf_frame, strategy,
                                                                actions):
     """Rescales, moves, manual migrations and updates at random moments, while the
-    ``greedy`` balancer moves key groups too."""
+    ``greedy`` balancer moves key groups too (one example per strategy; more in the slow
+    test below)."""
+    random_reconfigurations(two_workers, zipf_path, zipf_frame, strategy, actions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(actions=actions)
+def test_random_reconfigurations_many_examples(two_workers, zipf_path, zipf_frame, strategy, actions):
+    random_reconfigurations(two_workers, zipf_path, zipf_frame, strategy, actions)
+
+
+def random_reconfigurations(two_workers, zipf_path, zipf_frame, strategy, actions):
     src, outs, totals = pipeline(zipf_path, rate=150_000)         # about 2 s of stream
     workers = sorted(two_workers.scheduler_info()["workers"])
     version = 1

@@ -71,7 +71,7 @@ class Checkpointer:
         self.in_progress: int | None = None     # id of the checkpoint under way
         self.rows: list[dict] = []
         self.staged: list[dict] = []        # output segments waiting for their checkpoint
-        self.late: list[tuple] = []         # (instance key, checkpoint id) acknowledged after the timeout
+        self.late: list[tuple] = []         # (instance key, checkpoint id, actor) not acknowledged in time
         self._outputs = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,16 +131,46 @@ class Checkpointer:
         actors = dict(job.actors)
         stages = {st.id: st for st in job.plan.stages}
         sources = [k for k in actors if stages[k[0]].is_source]
-        for f in [actors[k].checkpoint(cid, full, target) for k in sources]:
-            f.result(timeout=self.timeout)
-        futs = {k: a.await_checkpoint(cid, full, self.timeout, target) for k, a in actors.items()}
-        acks, errors = {}, []
-        for k, f in futs.items():
+        # every source is asked, whatever one of them answers: a barrier some sources sent
+        # and others not would hold back the senders past it for good
+        asked = []
+        for k in sources:
             try:
-                acks[k] = f.result(timeout=self.timeout + 5)
-            except Exception as exc:
-                errors.append(f"{stages[k[0]].name}[{k[1]}]: {type(exc).__name__}: {exc}")
-                self.late.append((k, cid))      # its outputs of this checkpoint are still to collect
+                asked.append(actors[k].checkpoint(cid, full, target))
+            except Exception as exc:        # Dask knows the actor's worker is gone
+                asked.append(exc)
+        for f in asked:
+            if isinstance(f, Exception):
+                raise f
+            f.result(timeout=self.timeout)
+        # the instances wait longer than this does: a stuck one is asked what it waits for
+        futs = {k: a.await_checkpoint(cid, full, self.timeout + 30, target) for k, a in actors.items()}
+        acks, errors = {}, []
+        deadline = time.time() + self.timeout
+        pending = dict(futs)
+        look = time.time() + 0.25          # when to ask the scheduler whether a worker left
+        while pending:
+            for k, f in list(pending.items()):
+                if f.done():
+                    del pending[k]
+                    try:
+                        acks[k] = f.result()
+                    except Exception as exc:
+                        errors.append(f"{stages[k[0]].name}[{k[1]}]: {type(exc).__name__}: {exc}")
+                        self.late.append((k, cid, actors[k]))
+            if not pending:
+                break
+            lost = False
+            if job.recovery is not None and time.time() > look:
+                look = time.time() + 0.25
+                lost = bool(job.recovery.lost_workers())
+            if time.time() > deadline or lost:
+                for k in pending:       # a worker died, or an instance is stuck: give this one up
+                    errors.append(f"{stages[k[0]].name}[{k[1]}]: no acknowledgement "
+                                  f"({self._stuck(actors[k], cid)})")
+                    self.late.append((k, cid, actors[k]))   # its outputs of this checkpoint are still to collect
+                break
+            time.sleep(0.005)
         for ack in acks.values():
             if ack.get("segment"):
                 self.stage_outputs(ack["segment"], label=cid)
@@ -179,6 +209,13 @@ class Checkpointer:
                     "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
                     manifest["bytes_referenced"])
         return manifest
+
+    def _stuck(self, actor, cid: int) -> str:
+        """What an instance that did not acknowledge says of checkpoint ``cid`` (for the log)."""
+        try:
+            return str(actor.checkpoint_status(cid).result(timeout=2))
+        except Exception as exc:
+            return f"unreachable: {type(exc).__name__}: {exc}"
 
     def _manifest(self, cid: int, full: bool, target: str | None, acks: dict, t0: float) -> dict:
         job = self.job
@@ -256,15 +293,14 @@ class Checkpointer:
         under that checkpoint's id (committed with the next complete one). ``wait``: the job
         finished, so every one of them is there."""
         keep = []
-        for k, cid in self.late:
-            actor = self.job.actors.get(k)
-            if actor is None:
-                continue            # retired or recovered since: nothing to collect
+        for k, cid, actor in self.late:
+            if self.job.actors.get(k) is not actor:
+                continue            # retired, moved or recovered since: nothing to collect
             try:
                 ack = actor.await_checkpoint(cid, True, self.timeout if wait else 0.05).result(
                     timeout=self.timeout + 5)
             except Exception:
-                keep.append((k, cid))
+                keep.append((k, cid, actor))
                 continue
             self.stage_outputs(ack.get("segment"), label=cid)
             actor.forget_checkpoint(cid)

@@ -92,7 +92,9 @@ class CheckpointSide:
     def _on_aligned(self, cid: int) -> None:
         inst = self.inst
         self.aligned.add(cid)
-        if inst.combines:       # every partial this one sent for earlier rows is numbered before
+        # every partial this one sent for earlier rows is numbered before the mark; one whose
+        # inputs all ended sent its PeerEnd, which the siblings count as a mark already
+        if inst.combines and not inst.finishing:
             for j in range(len(inst.siblings)):
                 if j != inst.index:
                     inst.tasks.spawn(inst.send_control(j, CheckpointPeer(cid, inst.index)))
@@ -153,6 +155,13 @@ class CheckpointSide:
         ack = {"operator": inst.stage.name, "instance": inst.index, "run": inst.run, "segment": segment,
                "groups": None if groups is None else groups.tolist(), "file": None, "error": None,
                "aligned_at": t0}
+        if inst.owner.waiting or inst.owner.merge_in_flight():
+            # only a migration that timed out leaves state travelling while a checkpoint runs:
+            # this snapshot would miss it, so the checkpoint does not complete
+            ack["error"] = f"instance {inst.label}: state of a migration is still on its way; checkpoint {cid} skipped"
+            blob = None
+            if store is not None:
+                store.mark_dirty(None)      # the next snapshot here writes every group
         inst.tasks.spawn(self._write(cid, blob, ack, fut, target or self.url))
 
     async def _write(self, cid: int, blob, ack: dict, fut: asyncio.Future, url: str | None) -> None:

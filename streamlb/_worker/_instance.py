@@ -58,6 +58,7 @@ class Instance(Reconfigurable):
         self.error: BaseException | None = None
         self.started_at = self.finished_at = None
         self.records_in, self.records_out, self.finishing, self.eos_sent = 0, 0, False, False
+        self.closing = False
         self.peer_ends: set[int] = set()
         self.tasks = Tasks(self._fail)
         self._wake = asyncio.Event()
@@ -177,8 +178,8 @@ class Instance(Reconfigurable):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
-        if self.status in _ENDED and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
-            return          # a sibling added as this one finished: it has nothing to wait for
+        if (self.status in _ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
+            return          # this one finishes (no sibling is waited for any more): nothing to apply
         if self.status in _ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
             raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
@@ -294,6 +295,7 @@ class Instance(Reconfigurable):
                 and (not self.combines or len(self.peer_ends) == len(self.siblings) - 1))
 
     async def _finish(self) -> None:
+        self.closing = True         # the process loop is gone: the control lane is read no more
         await self.ckpt.flush()
         await self.tasks.join_spawned()
         await self.op.on_end()
@@ -307,8 +309,7 @@ class Instance(Reconfigurable):
         self.meter.close_window(self.finished_at, last=True)
         self.status = "done"
         self.tasks.cancel()
-
-    # -- the epoch protocol (see streamlb._migration) -------------------------------------------
+        await self.ckpt.flush()     # a checkpoint that aligned meanwhile: of the final state (see streamlb._migration) -------------------------------------------
     async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
                         flush: bool = False) -> float:
         """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
@@ -424,6 +425,22 @@ class Instance(Reconfigurable):
             else:
                 self._wake.set()
         return await asyncio.wait_for(asyncio.shield(self.ckpt.future(cid)), timeout)
+
+    def checkpoint_status(self, cid: int) -> dict:
+        """Where checkpoint ``cid`` stands here (what a coordinator logs when it is stuck)."""
+        c = self.ckpt
+        key = ("cp", cid)
+        return {"instance": self.label, "status": self.status, "pending": cid in c.pending,
+                "aligned": cid in c.aligned, "ready": cid in c.ready, "taken": cid in c.taken,
+                "barriers_from": sorted(self.aligner._marks.get(key, ())), "ended": sorted(self.aligner.ended),
+                "senders": sorted(self.aligner.senders), "blocked": sorted(c.blocked.get(cid, ())),
+                "peer_marks": sorted(c.peer_marks.get(cid, ())), "peer_ends": sorted(self.peer_ends),
+                "queued": len(self.inbox), "deferred": len(self.deferred), "ctl_deferred": len(self.ctl_deferred),
+                "barriers_asked": list(self.source.barriers) if self.source else None,
+                "finishing": self.finishing, "eos_sent": self.eos_sent, "can_finish": self._can_finish(),
+                "spawned": [repr(t.get_coro())[:90] for t in self.tasks.spawned],
+                "main": [(repr(t.get_coro())[:60], t.done()) for t in self.tasks.main],
+                "owner_waiting": self.owner.waiting, "unarmed": bool(self.owner.unarmed)}
 
     async def forget_checkpoint(self, cid: int) -> None:
         self.ckpt.acks.pop(cid, None)
