@@ -22,7 +22,7 @@ from ..exceptions import PipelineError, StreamlbError
 from ..planner import Stage
 from ..routing import RoutingTable
 from ._align import Aligner
-from ._checkpoint import CheckpointSide
+from ._checkpoint import Checkpointed, CheckpointSide
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
@@ -38,7 +38,7 @@ from ._tasks import Tasks
 _ENDED = ("done", "failed", "stopped")
 
 
-class Instance(Reconfigurable):
+class Instance(Reconfigurable, Checkpointed):
     """One parallel instance of a stage.
 
     ``upstream_instances``: how many instances of the upstream stage send here, or their
@@ -309,7 +309,9 @@ class Instance(Reconfigurable):
         self.meter.close_window(self.finished_at, last=True)
         self.status = "done"
         self.tasks.cancel()
-        await self.ckpt.flush()     # a checkpoint that aligned meanwhile: of the final state (see streamlb._migration) -------------------------------------------
+        await self.ckpt.flush()     # a checkpoint that aligned meanwhile: of the final state
+
+    # -- the epoch protocol (see streamlb._migration) -------------------------------------------
     async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
                         flush: bool = False) -> float:
         """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
@@ -375,103 +377,18 @@ class Instance(Reconfigurable):
             self.ctl_deferred.clear()
         self._wake.set()
 
-    # -- checkpoints (see streamlb._worker._checkpoint) -----------------------------------------------
-    async def checkpointing(self, url: str) -> None:
-        """The job checkpoints to ``url``: outputs are staged per checkpoint from now on."""
-        self.ckpt.url = url
-        self.sinks.staged = True
-
-    def seal(self, cid: int) -> dict | None:
-        """What the sinks and the dead letters got since the previous barrier: checkpoint
-        ``cid``'s outputs, for the driver to commit once it completes."""
-        if not self.sinks.staged:
-            return None
-        return {"lists": self.sinks.take_lists(), "dead": self.dead.take(),
-                "files": self.sinks.seal() + self.sinks.take_closed()}
-
-    async def _source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
-        """A source between two batches: record what it emitted, then send the barrier on."""
-        position = {**self.source.position(), "records_out": self.records_out, "started_at": self.started_at}
-        segment = self.seal(cid)
-        for ex in self.exchanges.values():
-            await ex.checkpoint(cid, full, target)
-        self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
-                                "segment": segment, "position": position, "groups": None, "file": None,
-                                "error": None, "aligned_at": time.time(), "written_at": time.time()})
-
-    async def checkpoint(self, cid: int, full: bool = False, target: str | None = None) -> None:
-        """A source: put checkpoint ``cid``'s barrier out between the next two batches (at
-        once if the source has ended: its end aligns the instances downstream)."""
-        src = self.source
-        if src.exhausted or self.status != "running":
-            position = {**src.position(), "ended": True, "records_out": self.records_out,
-                        "started_at": self.started_at, "finished_at": self.finished_at,
-                        "offsets": dict(src.offsets)}
-            self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
-                                    "segment": None, "position": position, "groups": None, "file": None,
-                                    "error": None, "aligned_at": time.time(), "written_at": time.time()})
-            return
-        src.ask_barrier(cid, full, target)
-
-    async def await_checkpoint(self, cid: int, full: bool, timeout: float, target: str | None = None) -> dict:
-        """This instance's acknowledgement of checkpoint ``cid`` once its snapshot is
-        written (an instance whose inputs all ended takes it from its final state)."""
-        if self.status in ("failed", "stopped", "retired"):
-            raise StreamlbError(f"instance {self.label} is {self.status}; it cannot take checkpoint {cid}")
-        if self.source is None:
-            self.ckpt.expect(cid, full, target)
-            if self.status == "done":
-                await self.ckpt.flush()
-            else:
-                self._wake.set()
-        return await asyncio.wait_for(asyncio.shield(self.ckpt.future(cid)), timeout)
-
-    def checkpoint_status(self, cid: int) -> dict:
-        """Where checkpoint ``cid`` stands here (what a coordinator logs when it is stuck)."""
-        c = self.ckpt
-        key = ("cp", cid)
-        return {"instance": self.label, "status": self.status, "pending": cid in c.pending,
-                "aligned": cid in c.aligned, "ready": cid in c.ready, "taken": cid in c.taken,
-                "barriers_from": sorted(self.aligner._marks.get(key, ())), "ended": sorted(self.aligner.ended),
-                "senders": sorted(self.aligner.senders), "blocked": sorted(c.blocked.get(cid, ())),
-                "peer_marks": sorted(c.peer_marks.get(cid, ())), "peer_ends": sorted(self.peer_ends),
-                "queued": len(self.inbox), "deferred": len(self.deferred), "ctl_deferred": len(self.ctl_deferred),
-                "barriers_asked": list(self.source.barriers) if self.source else None,
-                "finishing": self.finishing, "eos_sent": self.eos_sent, "can_finish": self._can_finish(),
-                "spawned": [repr(t.get_coro())[:90] for t in self.tasks.spawned],
-                "main": [(repr(t.get_coro())[:60], t.done()) for t in self.tasks.main],
-                "owner_waiting": self.owner.waiting, "unarmed": bool(self.owner.unarmed)}
-
-    async def forget_checkpoint(self, cid: int) -> None:
-        self.ckpt.acks.pop(cid, None)
-
-    async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
-        """Install the state of key groups ``groups`` from a checkpoint (read off the event
-        loop); returns the keys installed."""
-        from .._checkpoint._storage import read_groups
-
-        blob = await asyncio.get_running_loop().run_in_executor(
-            None, read_groups, base, manifest, self.stage.name, self.stage.kind, groups)
-        self.store.install(blob)
-        self.store.take_dirty()
-        return len(self.store)
-
     # -- driver-facing ----------------------------------------------------------------------------
     def poll(self) -> dict:
+        """Status and figures; outputs too, unless the job checkpoints (then each
+        checkpoint's acknowledgement carries them, see ``Checkpointed.seal``)."""
         staged = self.sinks.staged
-        out = {"status": self.status, "error": self.error, "lists": {} if staged else self.sinks.take_lists(),
-               "records_in": self.records_in, "records_out": self.records_out,
-               "started_at": self.started_at, "finished_at": self.finished_at,
-               "offsets": dict(self.source.offsets) if self.source else {},
-               "dead_letters": [] if staged else self.dead.take(),
-               "offered_rate": self.source.offered_rate if self.source else None,
-               "lag": self.source.lag if self.source else 0.0}
-        return out
-
-    async def take_final(self) -> dict | None:
-        """A checkpointed job that finished: the outputs after the last barrier (committed
-        by the driver now that every instance is done)."""
-        return self.seal(-1)
+        return {"status": self.status, "error": self.error, "lists": {} if staged else self.sinks.take_lists(),
+                "records_in": self.records_in, "records_out": self.records_out,
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "offsets": dict(self.source.offsets) if self.source else {},
+                "dead_letters": [] if staged else self.dead.take(),
+                "offered_rate": self.source.offered_rate if self.source else None,
+                "lag": self.source.lag if self.source else 0.0}
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)
