@@ -71,3 +71,20 @@ def median_rate(client, build, runs: int = 3, **run_kw) -> float:
         if i:
             rates.append(s["records_per_second"])
     return statistics.median(rates)
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds used so far by the whole machine and by this process and its children
+    (the cluster's scheduler, nannies and workers)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    me = psutil.Process()
+    mine = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            c = p.cpu_times()
+            mine += c.user + c.system
+        except psutil.Error:
+            pass
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), mine

@@ -96,7 +96,7 @@ import time
 
 import numpy as np
 
-from ._common import DATA, _OneShot, cluster, zipf_dataset
+from ._common import DATA, _cpu, _OneShot, cluster, zipf_dataset
 
 THROUGHPUT_ROWS, THROUGHPUT_KEYS = 12_000_000, 2_000_000
 PAIRS = 5                          # runs of each throughput case, alternated
@@ -129,22 +129,6 @@ print(n / (time.perf_counter() - t) / 1e6)
 def _say(msg: str) -> None:
     print(f"[checkpoint {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-
-def _cpu() -> tuple[float, float]:
-    """CPU seconds used so far by the whole machine and by this process and its children
-    (the cluster's scheduler, nannies and workers)."""
-    import psutil
-
-    t = psutil.cpu_times()
-    me = psutil.Process()
-    mine = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            c = p.cpu_times()
-            mine += c.user + c.system
-        except psutil.Error:
-            pass
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), mine
 
 
 class _Others:

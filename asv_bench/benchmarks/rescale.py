@@ -46,7 +46,7 @@ import os
 import sys
 import time
 
-from ._common import _OneShot, cluster, zipf_dataset
+from ._common import _cpu, _OneShot, cluster, zipf_dataset
 from .migration import BATCH, KEYS, MOVE_AT, RATE
 
 ROWS = 16_000_000                  # 26.7 s at RATE: the stream outlasts the slowest rescale
@@ -59,22 +59,6 @@ LIVE = ["lazy", "fluid"]
 def _say(msg: str) -> None:
     print(f"[rescale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-
-def _cpu() -> tuple[float, float]:
-    """CPU seconds used so far by the whole machine and by this process and its children
-    (the cluster's scheduler, nannies and workers)."""
-    import psutil
-
-    t = psutil.cpu_times()
-    me = psutil.Process()
-    mine = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            c = p.cpu_times()
-            mine += c.user + c.system
-        except psutil.Error:
-            pass
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), mine
 
 
 def _on_all(actors, method: str) -> list:
