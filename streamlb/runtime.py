@@ -301,7 +301,7 @@ class Job:
         self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, self.exchanges,
                                           report=self.balancer is not None, runs=self.runs or None)
         if self.checkpointer is not None:
-            for f in [a.checkpointing(self.checkpointer.url) for a in self.actors.values()]:
+            for f in [a.checkpointing(self.checkpointer.url, self.checkpointer.compression) for a in self.actors.values()]:
                 f.result()
         if restored is not None:
             from ._checkpoint._restore import install_state

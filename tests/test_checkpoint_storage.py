@@ -50,7 +50,7 @@ def _manifest(operator: str, *written: dict, base: str = "..") -> dict:
         if w["file"] is None:
             continue
         files[w["file"]] = {"bytes": w["bytes"], "crc32": w["crc32"]}
-        groups.update({str(g): [w["file"], off, rows] for g, (off, rows) in w["groups"].items()})
+        groups.update({str(g): [w["file"], *loc] for g, loc in w["groups"].items()})
     return {"format": storage.FORMAT, "base": base, "files": files,
             "operators": {operator: {"kind": "aggregate", "groups": groups}}}
 
@@ -78,8 +78,12 @@ def test_aggregate_round_trip_of_a_subset_of_groups(tmp_path, kind):
     written = storage.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", store.snapshot(range(G)))
     assert written["file"] == "data/agg/a.arrow"
     assert written["bytes"] == os.path.getsize(tmp_path / "data" / "agg" / "a.arrow")
-    assert sum(rows for _, rows in written["groups"].values()) == len(store)
-    assert list(written["groups"]) == sorted(written["groups"])
+    # [offset, rows(, keys)]: a group's keys lie in its rows (all of them, in a sorted file)
+    assert sum(loc[-1] for loc in written["groups"].values()) == len(store)
+    table = pa.ipc.open_file(str(tmp_path / "data" / "agg" / "a.arrow")).read_all()
+    kg = table.column("key_group").to_numpy()
+    for g, loc in written["groups"].items():
+        assert (kg[loc[0]:loc[0] + loc[1]] == g).sum() == loc[-1] == (kg == g).sum()
 
     storage.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", written))
     manifest, base = storage.read_manifest(str(tmp_path))
@@ -454,3 +458,51 @@ def test_column_names_that_are_not_strings_survive_a_file(tmp_path):
     assert part["keys"].tolist() == [6, 5]
     assert {t: v.tolist() for t, v in part["tables"].items()} == {
         ("sum", 1): [4, 3], ("sum", "1"): [0.25, 0.5], ("min", ("a", 2)): [2.0, -1.0]}
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "none"])
+def test_compressed_snapshots_read_back_exactly(tmp_path, compression):
+    df = _frame("int")
+    store = AggregateState("agg", SPEC, "k", G)
+    store.update(df)
+    plain = storage.write_snapshot(str(tmp_path), "data/agg/p.arrow", "aggregate", store.snapshot(range(G)))
+    store = AggregateState("agg", SPEC, "k", G)        # a fresh store: its pool is free
+    store.update(df)
+    packed = storage.write_snapshot(str(tmp_path), "data/agg/c.arrow", "aggregate", store.snapshot(range(G)),
+                                    compression=compression)
+    if compression != "none":
+        assert packed["bytes"] < plain["bytes"]
+    storage.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", packed))
+    manifest, base = storage.read_manifest(str(tmp_path))
+    storage.verify(base, manifest)
+    fresh = AggregateState("agg", SPEC, "k", G)
+    fresh.install(storage.read_groups(base, manifest, "agg", "aggregate", range(G)))
+    pd.testing.assert_frame_equal(_sorted(fresh.frame()), _sorted(store.frame()))
+
+
+def test_an_unknown_compression_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"streamlb.checkpoint.compression is 'gzip'; valid values: none, lz4, zstd"):
+        storage.check_compression("gzip")
+    assert storage.check_compression(None) is None and storage.check_compression("NONE") is None
+
+
+def test_pooled_snapshot_arrays_are_lent_until_released():
+    """A snapshot taken while the previous one is still being written gets arrays of its
+    own; after release, the next reuses the kept ones. Both hold the state as it was."""
+    df = _frame("int")
+    store = AggregateState("agg", SPEC, "k", G)
+    store.update(df)
+    first = store.snapshot(range(G))
+    before = _sorted(store.frame())
+    store.update(df)                                       # the state moves on
+    second = store.snapshot(range(G))
+    assert "pooled" not in second                          # the pool was lent out
+    for blob, times in ((first, 1), (second, 2)):
+        fresh = AggregateState("agg", SPEC, "k", G)
+        fresh.install(blob)
+        got = _sorted(fresh.frame())
+        assert (got["n"] == before["n"] * times).all()
+    store.release(first)
+    third = store.snapshot(range(G))
+    assert third["pooled"] == first["pooled"]
+    assert np.shares_memory(third["parts"][0]["keys"], first["parts"][0]["keys"])

@@ -61,6 +61,8 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint_interval must be > 0 seconds, got {interval!r}")
         self.retained = int(config.get("checkpoint.retained"))
         self.timeout = config.seconds("checkpoint.timeout")
+        self.compression = config.get("checkpoint.compression")
+        _storage.check_compression(self.compression)        # a bad setting fails the run, named
         self.next_id = max(_storage.checkpoint_ids(url), default=0) + 1 if url else 1
         self.last: dict | None = None       # the last complete checkpoint's manifest
         self.last_base: str | None = None
@@ -241,14 +243,14 @@ class Checkpointer:
                 for g in np.flatnonzero(table.owners == i).tolist():
                     if g in fresh:
                         if g in at:
-                            groups[str(g)] = [entry["file"], int(at[g][0]), int(at[g][1])]
+                            groups[str(g)] = [entry["file"], *map(int, at[g])]
                     elif str(g) in old:
                         groups[str(g)] = old[str(g)]
                         f = old[str(g)][0]
                         if f not in files:
                             files[f] = prev["files"][f]
                             referenced += prev["files"][f]["bytes"]
-            keys += sum(int(r[2]) for r in groups.values())
+            keys += sum(int(r[-1]) for r in groups.values())   # [file, offset, rows(, keys)]
             operators[st.name] = {"parallelism": st.parallelism, "table": table.owners.tolist(),
                                   "epoch": table.epoch, "groups": groups}
         sources: dict[str, list] = {}

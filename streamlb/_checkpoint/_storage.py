@@ -22,19 +22,23 @@ A manifest is JSON with at least::
     {"format": 1,
      "base": "..",                                  # the root, relative to the manifest's dir
      "files": {relpath: {"bytes": int, "crc32": int}},
-     "operators": {operator: {"groups": {"<g>": [relpath, offset, rows]}}}}
+     "operators": {operator: {"groups": {"<g>": [relpath, offset, rows(, keys)]}}}}
 
 File paths in ``files`` and ``groups`` are relative to the base. A key group absent from an
 operator's ``groups`` held no state. An incremental checkpoint references the files of its
 predecessors for the key groups that did not change.
 
-A snapshot file holds one row per key, sorted by key group: ``key_group`` (int32), ``key``,
-then the state. Aggregate state has one column per table, ``"<name>:<column>"`` (name one of
+A snapshot file holds one row per key: ``key_group`` (int32), ``key``, then the state. Its
+rows are sorted by key group, and a group's entry ``[relpath, offset, rows]`` gives them all;
+or the file keeps the rows as the store held them, in *runs* (one per shard of the store,
+listed in the schema metadata) that each hold whole key groups: then the entry is
+``[relpath, offset, rows, keys]``, the run's rows, among which the group's ``keys`` (a reader
+keeps those of the groups it wants). Writing runs spares a sort of every snapshot. Aggregate state has one column per table, ``"<name>:<column>"`` (name one of
 cnt / sum / min / max); a stateful map has ``state``, each one ``cloudpickle.dumps(state)``.
 The schema's metadata holds what :func:`decode` needs to give back the exact blob.
 
-Files are LZ4-compressed Arrow IPC: on 1M aggregate rows that is 1.5x smaller than no
-compression and no slower to write or read (see :data:`COMPRESSION`).
+Files are Arrow IPC, uncompressed unless setting ``streamlb.checkpoint.compression`` says
+``lz4`` or ``zstd`` (see :data:`COMPRESSIONS`).
 """
 from __future__ import annotations
 
@@ -67,13 +71,29 @@ FORMAT = 1
 #: File name of a manifest, in a ``chk-<id>`` directory or a savepoint.
 MANIFEST = "_manifest.json"
 
-#: Compression of the IPC files. Measured on 1M aggregate rows (int64 keys, the cnt / sum /
-#: min / max tables of one float column; medians of 11 write_snapshot and of 11 read_groups
-#: of all groups, in three runs, local disk, page cache warm): "lz4" wrote in 130-165 ms and
-#: read back in 17-22 ms, 29 MB; uncompressed wrote in 185-215 ms (the disk's noise: 85 ms at
-#: best) and read in 17-24 ms, 44 MB. zstd made 26 MB files but read twice as slowly. Falls
-#: back to no compression where Arrow lacks lz4.
-COMPRESSION: str | None = "lz4"
+#: Compressions a snapshot file may have (setting ``streamlb.checkpoint.compression``).
+#: ``"none"`` is the default: on a worker busy with the stream, LZ4 cost a 1 s checkpoint of
+#: a million keys about three times the writer's CPU of no compression (41 ms against 13 ms)
+#: for files 1.6x smaller, and the CPU is what the stream loses (docs/fault-tolerance.md).
+COMPRESSIONS = ("none", "lz4", "zstd")
+
+
+def check_compression(value) -> str | None:
+    """The Arrow codec of compression setting ``value`` (None for ``"none"``).
+
+    Raises
+    ------
+    ValueError
+        Naming the setting and the valid values.
+    """
+    name = "none" if value is None else str(value).lower()
+    if name not in COMPRESSIONS:
+        raise ValueError(f"setting streamlb.checkpoint.compression is {value!r}; valid values: "
+                         f"{', '.join(COMPRESSIONS)}")
+    if name == "none" or not pa.Codec.is_available(name):
+        return None                 # an Arrow built without the codec writes uncompressed
+    return name
+
 
 KINDS = ("aggregate", "stateful_map")
 _TABLES = ("cnt", "sum", "min", "max")
@@ -147,13 +167,17 @@ def _exists(fs, path: str) -> bool:
 
 
 def _write_atomic(fs, path: str, data) -> None:
-    """Write ``data`` to ``path`` through a temporary name in the same directory and a
-    rename (atomic on a local filesystem; on object stores a put is atomic anyway)."""
+    """Write ``data`` (bytes, or a function writing to an open binary file) to ``path``
+    through a temporary name in the same directory and a rename (atomic on a local
+    filesystem; on object stores a put is atomic anyway)."""
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
         with fs.open(tmp, "wb") as fh:
-            fh.write(data)
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data)
         fs.mv(tmp, path)
     except BaseException:
         try:
@@ -255,17 +279,43 @@ def _stable_order(groups: np.ndarray) -> np.ndarray:
     return np.argsort(groups, kind="stable")
 
 
-def _sorted_table(kind: str, groups: np.ndarray, keys, state: list, meta: dict) -> pa.Table:
+def _run_groups(groups: np.ndarray, runs) -> list | None:
+    """``[(offset, rows, {g: keys})]`` of each run of rows, or None when a key group has
+    rows in two runs (or runs do not cover the rows end to end)."""
+    out, seen, at = [], set(), 0
+    for off, n in runs or ():
+        if off != at:
+            return None
+        counts = np.bincount(groups[off:off + n])
+        held = np.flatnonzero(counts)
+        if seen.intersection(held.tolist()):
+            return None
+        seen.update(held.tolist())
+        out.append((off, n, dict(zip(held.tolist(), counts[held].tolist()))))
+        at = off + n
+    return out if runs and at == len(groups) else None
+
+
+def _sorted_table(kind: str, groups: np.ndarray, keys, state: list, meta: dict, runs=None) -> pa.Table:
     """The table of ``key_group``, ``key`` and the ``state`` columns (``(name, array)``
-    pairs), rows sorted by key group (stable)."""
+    pairs), rows sorted by key group (stable); or, given ``runs`` of rows that each hold
+    whole key groups, the rows as they are (the runs noted in the schema metadata)."""
     groups = np.asarray(groups, np.int64)
+    located = _run_groups(groups, runs) if len(groups) else None
+    if located is not None:
+        meta = {**meta, "runs": [[off, n] for off, n, _ in located]}
     key_col, encoding = _encode_keys(keys)       # in their order: Python objects in memory order
     table = pa.Table.from_arrays(
         [pa.array(groups.astype(np.int32)), key_col, *[arr for _, arr in state]],
         names=["key_group", "key", *[name for name, _ in state]], metadata=_schema_meta(kind, encoding, **meta))
-    if len(groups) and (np.diff(groups) >= 0).all():
-        return table                                # sorted already: no copy
+    if located is not None or (len(groups) and (groups[1:] >= groups[:-1]).all()):
+        return table                                # sorted already, or in runs: no copy
     return table.take(pa.array(_stable_order(groups)))
+
+
+def _joined(arrays: list) -> np.ndarray:
+    """``arrays`` end to end; a single array as it is (no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _agg_column(parts: list, t: tuple) -> pa.Array:
@@ -273,7 +323,7 @@ def _agg_column(parts: list, t: tuple) -> pa.Array:
     have = [p["tables"][t] for p in parts if t in p["tables"]]
     dtype = np.result_type(*[v.dtype for v in have])
     if len(have) == len(parts):
-        return pa.array(np.concatenate([v.astype(dtype, copy=False) for v in have]))
+        return pa.array(_joined([v.astype(dtype, copy=False) for v in have]))
     values = np.concatenate([p["tables"][t].astype(dtype, copy=False) if t in p["tables"]
                              else np.zeros(len(p["keys"]), dtype) for p in parts])
     missing = np.concatenate([np.full(len(p["keys"]), t not in p["tables"]) for p in parts])
@@ -287,14 +337,14 @@ def _encode_aggregate(blob: dict) -> pa.Table:
         if name not in _TABLES:
             raise ValueError(f"aggregate table {name!r} is none of {', '.join(_TABLES)}")
     if parts:
-        keys = np.concatenate([p["keys"] for p in parts])
-        groups = np.concatenate([p["key_groups"] for p in parts])
+        keys = _joined([p["keys"] for p in parts])
+        groups = _joined([p["key_groups"] for p in parts])
     else:
         keys, groups = np.empty(0, np.int64), np.empty(0, np.int64)
     state = [(f"{name}:{c}", _agg_column(parts, (name, c))) for name, c in tables]
     meta = {"dtypes": [[c, np.dtype(dt).str] for c, dt in blob["dtypes"].items()],
             "tables": [[name, c] for name, c in tables], "key_dtype": keys.dtype.str}
-    return _sorted_table("aggregate", groups, keys, state, meta)
+    return _sorted_table("aggregate", groups, keys, state, meta, runs=blob.get("runs") if len(parts) == 1 else None)
 
 
 def _encode_stateful_map(blob: dict) -> pa.Table:
@@ -414,29 +464,70 @@ def decode(kind: str, table: pa.Table) -> dict:
 
 # -- snapshot files --------------------------------------------------------------------------
 
-def _ipc_bytes(table: pa.Table) -> pa.Buffer:
-    """``table`` as an Arrow IPC file, in memory."""
-    sink = pa.BufferOutputStream()
-    codec = COMPRESSION if COMPRESSION and pa.Codec.is_available(COMPRESSION) else None
-    options = pa.ipc.IpcWriteOptions(compression=codec)
-    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
+class _Summing:
+    """A binary file that keeps the size and crc32 of what goes through it (so a file is
+    checksummed as it is written, not read back)."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.size, self.crc32, self.closed = fh, 0, 0, False
+
+    def write(self, data) -> int:
+        self.fh.write(data)
+        view = memoryview(data)
+        self.crc32 = zlib.crc32(view, self.crc32)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def close(self) -> None:        # the file itself is closed by its owner
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _write_ipc(fs, path: str, table: pa.Table, compression: str | None) -> tuple[int, int]:
+    """Write ``table`` as an Arrow IPC file at ``path`` (through a temporary name and a
+    rename), streamed: no copy of the file in memory. Returns its size and crc32."""
+    options = pa.ipc.IpcWriteOptions(compression=check_compression(compression))
+    out: list[_Summing] = []
+
+    def write(fh) -> None:
+        out.append(_Summing(fh))
+        with pa.ipc.new_file(out[0], table.schema, options=options) as writer:
+            writer.write_table(table)
+
+    _write_atomic(fs, path, write)
+    return out[0].size, out[0].crc32
 
 
 def _group_ranges(table: pa.Table) -> dict:
-    """``{g: [offset, rows]}`` of each key group in a table sorted by key group."""
+    """Where each key group's rows are in a table: ``{g: [offset, rows]}`` in a table
+    sorted by key group; ``{g: [offset, rows, keys]}`` in one kept in runs (the group's
+    ``keys`` rows are among those ``rows``)."""
     groups = table.column("key_group").to_numpy()
-    present, first, rows = np.unique(groups, return_index=True, return_counts=True)
-    return {g: [o, n] for g, o, n in zip(present.tolist(), first.tolist(), rows.tolist())}
+    if not len(groups):
+        return {}
+    runs = _meta(table).get("runs")
+    if runs:
+        return {g: [off, n, k] for off, n, held in _run_groups(groups.astype(np.int64), runs)
+                for g, k in held.items()}
+    first = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1))
+    rows = np.diff(np.append(first, len(groups)))
+    return {g: [o, n] for g, o, n in zip(groups[first].tolist(), first.tolist(), rows.tolist())}
 
 
-def write_snapshot(url: str, relpath: str, kind: str, blob: dict) -> dict:
+def write_snapshot(url: str, relpath: str, kind: str, blob: dict, compression: str | None = None) -> dict:
     """Write a state blob as one snapshot file, ``<url>/<relpath>``.
 
-    The blob is encoded (:func:`encode`) and serialized as an LZ4-compressed Arrow IPC file
-    (:data:`COMPRESSION`) in memory, then written through a temporary name and a rename
-    (atomic on a local filesystem).
+    The blob is encoded (:func:`encode`) and streamed as an Arrow IPC file (compressed as
+    ``compression`` says: one of :data:`COMPRESSIONS`, None for none) to a temporary name,
+    checksummed as it goes, then renamed (atomic on a local filesystem).
 
     Parameters
     ----------
@@ -448,25 +539,27 @@ def write_snapshot(url: str, relpath: str, kind: str, blob: dict) -> dict:
         The blob's kind.
     blob : dict
         A blob of the store's ``snapshot``.
+    compression : {"none", "lz4", "zstd"}, optional
+        The file's compression (None: none).
 
     Returns
     -------
     dict
-        ``{"file": relpath, "bytes": int, "crc32": int, "groups": {g: [offset, rows]}}``:
-        every key group of the blob with its rows in the file. A blob without keys writes
+        ``{"file": relpath, "bytes": int, "crc32": int, "groups": {g: [offset, rows(, keys)]}}``:
+        every key group of the blob with where its rows are in the file (see
+        :func:`_group_ranges`). A blob without keys writes
         nothing: ``{"file": None, "bytes": 0, "crc32": 0, "groups": {}}``.
     """
     table = encode(kind, blob)
     if not table.num_rows:
         return {"file": None, "bytes": 0, "crc32": 0, "groups": {}}
-    data = _ipc_bytes(table)
     fs, root = resolve(url)
     path = f"{root}/{relpath}"
     try:
-        _write_atomic(fs, path, data)
+        size, crc = _write_ipc(fs, path, table, compression)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint file {path}: {type(exc).__name__}: {exc}") from exc
-    return {"file": relpath, "bytes": data.size, "crc32": zlib.crc32(data), "groups": _group_ranges(table)}
+    return {"file": relpath, "bytes": size, "crc32": crc, "groups": _group_ranges(table)}
 
 
 # -- manifests -------------------------------------------------------------------------------
@@ -674,24 +767,27 @@ def _read_file(fs, root: str, relpath: str, info: dict) -> pa.Table:
         raise CheckpointError(f"checkpoint file {relpath} is not an Arrow IPC file: {exc}") from exc
 
 
-def _ranges_by_file(entry: dict, groups) -> dict[str, list]:
-    """``{relpath: [(offset, rows), ...]}`` of the key groups ``groups`` held in ``entry``
-    (an operator of a manifest), adjacent ranges merged."""
+def _ranges_by_file(entry: dict, groups) -> dict[str, tuple[list, list]]:
+    """``{relpath: ([(offset, rows), ...], [g, ...])}``: the ranges of rows holding the key
+    groups ``groups`` held in ``entry`` (an operator of a manifest), adjacent ranges
+    merged, and the groups to take from that file."""
     held = entry.get("groups", {})
-    by_file: dict[str, list] = {}
+    by_file: dict[str, tuple[list, list]] = {}
     for g in dict.fromkeys(int(g) for g in groups):
         loc = held.get(str(g), held.get(g))
         if loc is not None:
-            relpath, offset, rows = loc
-            by_file.setdefault(relpath, []).append((int(offset), int(rows)))
-    for relpath, ranges in by_file.items():
+            relpath, offset, rows = loc[:3]
+            ranges, wanted = by_file.setdefault(relpath, ([], []))
+            ranges.append((int(offset), int(rows)))
+            wanted.append(g)
+    for relpath, (ranges, wanted) in by_file.items():
         merged: list = []
-        for off, rows in sorted(ranges):
+        for off, rows in sorted(set(ranges)):     # groups of one run share its range
             if merged and merged[-1][0] + merged[-1][1] == off:
                 merged[-1] = (merged[-1][0], merged[-1][1] + rows)
             else:
                 merged.append((off, rows))
-        by_file[relpath] = merged
+        by_file[relpath] = (merged, wanted)
     return by_file
 
 
@@ -762,9 +858,13 @@ def read_groups(base: str, manifest: dict, operator: str, kind: str, groups) -> 
             f"does not match it")
     fs, root = resolve(base)
     blobs = []
-    for relpath, ranges in _ranges_by_file(operators[operator], groups).items():
+    for relpath, (ranges, wanted) in _ranges_by_file(operators[operator], groups).items():
         table = _read_file(fs, root, relpath, _file_entry(manifest, relpath))
         rows = pa.concat_tables([table.slice(off, n) for off, n in ranges])
+        if _meta(table).get("runs"):                # a run may hold groups to take elsewhere
+            keep = np.isin(rows.column("key_group").to_numpy(), np.asarray(wanted, np.int64))
+            if not keep.all():
+                rows = rows.filter(pa.array(keep))
         try:
             blobs.append(decode(kind, rows))
         except CheckpointError as exc:

@@ -133,7 +133,7 @@ class Reconfigurer:
         job._futures.update(futures)
         actors = {k: f.result() for k, f in futures.items()}
         if job.checkpointer is not None:    # they stage outputs and write snapshots like the others
-            self._result([a.checkpointing(job.checkpointer.url) for a in actors.values()])
+            self._result([a.checkpointing(job.checkpointer.url, job.checkpointer.compression) for a in actors.values()])
         return actors
 
     def _tables(self) -> dict:

@@ -157,6 +157,10 @@ class StateStore(abc.ABC):
         cut : the same blob, the state removed.
         """
 
+    def release(self, blob: dict) -> None:
+        """``blob``, of :meth:`snapshot`, is written and dropped: a store that lends its
+        snapshots arrays it reuses gets them back. Nothing to do by default."""
+
     @abc.abstractmethod
     def install(self, blob: dict) -> None:
         """Take in state cut from another store (by :meth:`cut`, :meth:`cut_keys`).

@@ -186,17 +186,30 @@ class _AggShard:
                 np.maximum.at(self.max[c], lab, vals)
         return labels
 
+    def columns(self) -> dict:
+        """Every state array of this shard by ``(table, column)`` (whole, not copies)."""
+        return {(name, c): table[c] for c in self.o.dtypes for name, table in self._tables(c) if c in table}
+
     def _rows(self, sel: np.ndarray) -> dict:
         return {(name, c): table[c][sel].copy()
                 for c in self.o.dtypes for name, table in self._tables(c) if c in table}
 
-    def slots_of(self, groups) -> np.ndarray:
-        """Slots of the keys with state here in key groups ``groups`` (of this shard)."""
+    def slots_of(self, groups, ordered: bool = False) -> np.ndarray:
+        """Slots of the keys with state here in key groups ``groups`` (of this shard);
+        ``ordered``: sorted by key group (stable), as a checkpoint file stores them."""
         n = self.index.n
         groups = np.asarray(groups, np.int64)
         if not self.held[groups - self.lo].any():        # nothing held for them: no scan
             return np.zeros(0, np.int64)
-        return np.flatnonzero(self.present[:n] & np.isin(self.index.key_groups[:n], groups))
+        if len(np.unique(groups)) == self.hi - self.lo:  # the whole shard: no membership test
+            sel = np.flatnonzero(self.present[:n])
+        else:
+            sel = np.flatnonzero(self.present[:n] & np.isin(self.index.key_groups[:n], groups))
+        if ordered and len(sel):
+            # key groups of a shard span fewer than 2**16 values: a radix sort on uint16
+            rel = (self.index.key_groups[sel] - self.lo).astype(np.uint16)
+            sel = sel[np.argsort(rel, kind="stable")]
+        return sel
 
     def held_slots(self, keys: np.ndarray) -> np.ndarray:
         """Slots of those of ``keys`` that have state here."""

@@ -52,6 +52,7 @@ class CheckpointSide:
     def __init__(self, inst) -> None:
         self.inst = inst
         self.url: str | None = None         # set when the job checkpoints
+        self.compression: str | None = None  # of the snapshot files (streamlb.checkpoint.compression)
         self.pending: dict[int, bool] = {}   # checkpoint id -> full, expected and not yet taken
         self.targets: dict[int, str] = {}    # checkpoint id -> a savepoint's path
         self.aligned: set[int] = set()      # aligned on the data lane, maybe waiting for siblings
@@ -160,6 +161,8 @@ class CheckpointSide:
             # only a migration that timed out leaves state travelling while a checkpoint runs:
             # this snapshot would miss it, so the checkpoint does not complete
             ack["error"] = f"instance {inst.label}: state of a migration is still on its way; checkpoint {cid} skipped"
+            if blob is not None:
+                store.release(blob)
             blob = None
             if store is not None:
                 store.mark_dirty(None)      # the next snapshot here writes every group
@@ -173,10 +176,13 @@ class CheckpointSide:
             rel = file_name(inst.stage.name, inst.index, inst.run, cid)
             try:
                 ack["file"] = await asyncio.get_running_loop().run_in_executor(
-                    _writer(), write_snapshot, url, rel, inst.stage.kind, blob)
+                    _writer(), write_snapshot, url, rel, inst.stage.kind, blob, self.compression)
             except Exception as exc:        # the job goes on; the coordinator counts it
                 ack["error"] = f"instance {inst.label} could not write {rel} under {url}: " \
                                f"{type(exc).__name__}: {exc}"
+            finally:
+                if inst.store is not None:     # arrays it lent for the snapshot are free again
+                    inst.store.release(blob)
         ack["written_at"] = time.time()
         if not fut.done():
             fut.set_result(ack)
@@ -199,9 +205,12 @@ class Checkpointed:
     """The checkpoint RPCs of :class:`~streamlb._worker._instance.Instance` (mixed in);
     its state is a :class:`CheckpointSide` at ``self.ckpt``."""
 
-    async def checkpointing(self, url: str) -> None:
-        """The job checkpoints to ``url``: outputs are staged per checkpoint from now on."""
+    async def checkpointing(self, url: str, compression: str | None = None) -> None:
+        """The job checkpoints to ``url`` (snapshot files compressed as ``compression``
+        says: setting ``streamlb.checkpoint.compression``): outputs are staged per
+        checkpoint from now on."""
         self.ckpt.url = url
+        self.ckpt.compression = compression
         self.sinks.staged = True
 
     def seal(self, cid: int) -> dict | None:
