@@ -22,7 +22,7 @@ from .keygroups import assign_to_key_group, stable_hash
 from .balancer import Balancer, LoadReport, Move
 from .plugin import BalancerPlugin
 from .routing import RoutingTable
-from .runtime import METRIC_COLUMNS, Job, run
+from .runtime import IMBALANCE_COLUMNS, METRIC_COLUMNS, Job, run
 from . import latency
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __all__ = [
     "simulate",
     "Job",
     "METRIC_COLUMNS",
+    "IMBALANCE_COLUMNS",
     "latency",
     "RoutingTable",
     "BalancerPlugin",

@@ -81,9 +81,11 @@ class from_parquet(Source):
         A Parquet file or a directory searched recursively for ``*.parquet`` files.
     rate : float, optional
         Records per second, all instances together: emit open-loop at this fixed rate
-        (for latency measurements). None reads as fast as the job takes data.
+        (for latency measurements); each instance takes the share its files hold of the
+        rows, so they finish together. None reads as fast as the job takes data.
     batch_size : int, optional
-        Rows per micro-batch (default: setting ``streamlb.batch-size``).
+        Rows per micro-batch (default: setting ``streamlb.batch-size``; with ``rate=``,
+        smaller: about 16 batches per instance per load window, see docs/runtime.md).
     parallelism : int, optional
         Source instances (default: one per worker, at most one per file).
     columns : list of str, optional

@@ -56,8 +56,10 @@ class Stage:
     items: list = field(default_factory=list)     # iterable_source
     rate: float | None = None
     batch_size: int = 65536
+    batch_size_given: bool = False                  # parquet_source: from_parquet(batch_size=...)
     columns: list | None = None
     total_rows: int = 0
+    file_rows: dict = field(default_factory=dict)  # parquet_source: rows of each file
     event_time: str | None = None                   # parquet_source: column to merge files by
     time_range: tuple | None = None                 # (min, max) of event_time, float seconds
     cost: float | str | None = None                 # emulated seconds per record, or its column
@@ -225,8 +227,9 @@ class _Planner:
             st = self.new_stage(
                 name=self.unique_name(None, f"from_parquet({os.path.basename(n.path.rstrip(os.sep))})"),
                 kind="parquet_source", parallelism=par, files=files, rate=n.rate,
-                batch_size=n.batch_size or self.batch_size, columns=n.columns,
-                total_rows=sum(rows), assignment=assign_files(files, rows, par),
+                batch_size=n.batch_size or self.batch_size, batch_size_given=n.batch_size is not None,
+                columns=n.columns,
+                total_rows=sum(rows), file_rows=dict(zip(files, rows)), assignment=assign_files(files, rows, par),
                 event_time=n.event_time, time_range=_time_range(files, n.event_time),
             )
         elif isinstance(n, sz_sources.from_iterable):
@@ -362,6 +365,30 @@ def _check_columns(plan: Plan) -> None:
                         "key-group hash cannot take; valid key types are integers, booleans and strings"
                     )
                 st.key_kind = "i" if pt.is_integer(t) else "b" if pt.is_boolean(t) else "O"
+
+
+#: An open-loop source (``rate=``) whose batch size nobody chose emits about this many
+#: batches per instance per load window (docs/balancers.md, "Reading imbalance").
+PACED_BATCHES = 16
+#: ... but no batch of fewer rows than this.
+MIN_PACED_BATCH = 256
+
+
+def pace_batches(plan: "Plan", window: float, given: bool = False) -> None:
+    """Smaller batches for the open-loop sources of ``plan``, so that a load window of
+    ``window`` seconds holds about PACED_BATCHES of each source instance's batches.
+
+    At the default 65,536 rows a source paced at 200k records/s sends about three batches
+    a second: what an instance applies in a one-second window then depends on where the
+    window's edges fall between those batches, and a balancer planning on it chases that
+    noise. A source with ``batch_size=`` of its own, or every source when ``given`` (the
+    job's ``batch_size=``), keeps it; the setting ``streamlb.batch-size`` stays the largest.
+    """
+    for st in plan.stages:
+        if st.kind != "parquet_source" or not st.rate or st.batch_size_given or given:
+            continue
+        per_window = st.rate / st.parallelism * window
+        st.batch_size = int(min(st.batch_size, max(MIN_PACED_BATCH, per_window // PACED_BATCHES)))
 
 
 def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,

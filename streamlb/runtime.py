@@ -17,10 +17,10 @@ import pandas as pd
 from . import config
 from .exceptions import (CheckpointError, JobFailedError, MigrationError, PipelineError,
                          SchedulerUnreachableError, StreamlbError)
-from .planner import Plan, Stage, plan
+from .planner import Plan, Stage, pace_batches, plan
 from .routing import RoutingTable
 
-__all__ = ["run", "Job", "METRIC_COLUMNS"]
+__all__ = ["run", "Job", "METRIC_COLUMNS", "IMBALANCE_COLUMNS"]
 
 logger = logging.getLogger("streamlb.job")
 
@@ -51,8 +51,11 @@ def _track(job: "Job") -> None:
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
     "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
-    "split_records", "latency_hist",
+    "split_records", "latency_hist", "batches",
 ]
+
+#: Columns of :meth:`Job.imbalance`.
+IMBALANCE_COLUMNS = ["window_start", "applied", "routed", "planned", "floor", "records", "batches", "epoch"]
 
 
 def _connect(address: str | None, n_workers: int | None):
@@ -185,6 +188,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
             raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
         p = plan(node, workers=len(workers), key_groups=G, batch_size=bs,
                  parallelism=config.get("parallelism", parallelism))
+        pace_batches(p, win, given=batch_size is not None)
         if restored is not None:
             from ._checkpoint._restore import check_compatible
 
@@ -448,6 +452,40 @@ class Job:
     def balancer_state(self) -> dict:
         """The plugin's view of this job: routing tables, epochs, moves, load per instance."""
         return self._migrations.balancer_state()
+
+    def imbalance(self, operator: str) -> pd.DataFrame:
+        """How evenly the instances of keyed ``operator`` were loaded, one row per load
+        window (see ``IMBALANCE_COLUMNS`` and docs/balancers.md, "Reading imbalance").
+
+        ``applied`` is max / mean of the records the instances applied in the window (what
+        :meth:`metrics` shows); ``routed`` the same of the records the routers sent each
+        instance by the table in force; ``floor`` what no move of key groups goes below;
+        ``batches`` the fewest batches an instance applied in the window: with few batches
+        per window ``applied`` also moves with when a batch happens to be taken. ``routed``,
+        ``planned`` and ``floor`` come from the balancer plugin; a job run without
+        ``balancer=`` has them NaN. Available while the job runs and after it stopped.
+        """
+        st = self._keyed(operator, "imbalance is measured between the instances of a keyed operator")
+        try:
+            entries = self._migrations.balancer_state().get("operators", {}).get(operator, {}).get("imbalance")
+        except PipelineError:           # no balancer: what the instances measured
+            entries = None
+        if entries is not None:
+            frame = pd.DataFrame(entries).rename(columns={"imbalance": "applied"})
+            frame = frame.reindex(columns=IMBALANCE_COLUMNS)
+            frame["window_start"] = pd.to_datetime(frame["window_start"], unit="s")
+            return frame.astype({"batches": "float64"}).reset_index(drop=True)
+        m = self.metrics()
+        m = m[m["operator"] == st.name]
+        rows = []
+        for ws, w in m.groupby("window_start", sort=True):
+            if len(w) < st.parallelism or w["records"].sum() <= 0:
+                continue
+            rec = w["records"].to_numpy(float)
+            rows.append({"window_start": ws, "applied": rec.max() / rec.mean(), "routed": np.nan,
+                         "planned": np.nan, "floor": np.nan, "records": rec.sum(),
+                         "batches": float(w["batches"].min()), "epoch": np.nan})
+        return pd.DataFrame(rows, columns=IMBALANCE_COLUMNS)
 
     def load_trace(self, operator: str):
         """The load the balancer plugin saw for ``operator``, window by window (the last

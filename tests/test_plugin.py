@@ -205,3 +205,73 @@ def test_owner_latency_histograms_reach_the_balancers_load_report():
     (report,) = job.balancer.reports
     np.testing.assert_array_equal(report.latency_hist, np.stack([hist, np.zeros(latency.BINS)]))
     assert latency.quantile(report.latency_hist.sum(axis=0), 0.5) < 4.0 < latency.quantile(report.latency_hist[0], 0.99)
+
+
+def _applied_by_window(metrics: pd.DataFrame, operator: str) -> pd.DataFrame:
+    """max / mean records applied and the fewest batches, per window, from Job.metrics()."""
+    m = metrics[metrics["operator"] == operator]
+    g = m.groupby("window_start")
+    out = pd.DataFrame({"applied": g["records"].max() / g["records"].mean(), "batches": g["batches"].min(),
+                        "instances": g.size(), "total": g["records"].sum()})
+    return out[(out["instances"] == m["instance"].nunique()) & (out["total"] > 0)]
+
+
+def test_imbalance_reports_applied_routed_floor_and_batches_per_window(cluster2, skewed):
+    path, df = skewed
+    with run_balanced(cluster2, path, "static") as job:
+        job.wait(timeout=120)
+        imb = job.imbalance("agg")
+        metrics = job.metrics()
+    assert list(imb.columns) == streamlb.IMBALANCE_COLUMNS
+    assert len(imb) >= 4
+    # every record was routed in exactly one window
+    assert imb["records"].sum() == len(df)
+    # applied and batches are what the instances measured, window by window
+    truth = _applied_by_window(metrics, "agg")
+    got = imb.set_index("window_start")
+    both = got.index.intersection(truth.index)
+    assert len(both) >= len(got) - 1
+    np.testing.assert_allclose(got.loc[both, "applied"], truth.loc[both, "applied"])
+    np.testing.assert_array_equal(got.loc[both, "batches"], truth.loc[both, "batches"])
+    # routed by a fixed (hash) table; the floor is what one key group forces
+    assert (imb["routed"] >= 1).all() and (imb["floor"] >= 1).all() and (imb["floor"] <= 4).all()
+    assert (imb["epoch"] == 0).all()
+    # after the job stopped, the same windows
+    pd.testing.assert_frame_equal(job.imbalance("agg"), imb)
+    with pytest.raises(streamlb.PipelineError, match="operator 'from_parquet.*' is not keyed"):
+        job.imbalance(job.plan.stages[0].name)
+
+
+def test_imbalance_without_a_balancer_comes_from_the_instances(cluster2, skewed):
+    path, df = skewed
+    src = Stream.from_parquet(path, batch_size=5_000, rate=300_000)
+    src.key_by("key").aggregate(AGG, parallelism=4, name="agg")
+    with streamlb.run(src, client=cluster2, key_groups=128, window="250ms") as job:
+        job.wait(timeout=120)
+        imb = job.imbalance("agg")
+        truth = _applied_by_window(job.metrics(), "agg")
+    assert list(imb.columns) == streamlb.IMBALANCE_COLUMNS and len(imb) == len(truth) >= 4
+    np.testing.assert_allclose(imb["applied"].to_numpy(), truth["applied"].to_numpy())
+    assert imb["routed"].isna().all() and imb["floor"].isna().all()
+    assert imb["records"].sum() == len(df)
+
+
+def test_open_loop_sources_read_batches_a_window_holds_many_of(skewed):
+    from streamlb.planner import MIN_PACED_BATCH, PACED_BATCHES, pace_batches, plan
+
+    path, _ = skewed
+
+    def source_batch(rate, batch_size=None, window=1.0, given=False):
+        src = Stream.from_parquet(path, rate=rate, batch_size=batch_size)
+        src.key_by("key").aggregate(AGG, name="agg")
+        p = plan(src, workers=2, key_groups=128, batch_size=65_536)
+        pace_batches(p, window, given=given)
+        return p.stages[0].batch_size
+
+    assert source_batch(200_000) == 200_000 // 2 // PACED_BATCHES          # 2 source instances
+    assert source_batch(200_000, window=0.25) == int(200_000 / 2 * 0.25) // PACED_BATCHES
+    assert source_batch(50_000_000) == 65_536                             # the setting stays the cap
+    assert source_batch(1_000) == MIN_PACED_BATCH
+    assert source_batch(200_000, batch_size=20_000) == 20_000              # chosen: kept
+    assert source_batch(200_000, given=True) == 65_536                    # run(batch_size=): kept
+    assert source_batch(None) == 65_536                                   # closed loop: as set

@@ -11,9 +11,11 @@ move of key groups can go below it.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from ._common import _OneShot, _SpeedupOverStatic, cluster, median_rate, zipf_dataset
+from ._common import DATA, _OneShot, _SpeedupOverStatic, cluster, median_rate, zipf_dataset
 
 ROWS, KEYS, DRIFT = 3_200_000, 100_000, 800_000
 RATE, WINDOW, G, N = 400_000, 0.25, 256, 8
@@ -172,3 +174,202 @@ class CapacityBound(_SpeedupOverStatic):
                     job.wait()
                     out[b] = job.summary()["records_per_second"]
         return out
+
+
+# -- every setting at its default ---------------------------------------------------------------
+#
+# The figures above come from tuned settings (WINDOW 250 ms, G 256 key groups, 10k-row
+# batches, event-time replay). DefaultSettings runs what a new user runs: streamlb.run(src,
+# balancer=...) with nothing else set (1 s windows, 1024 key groups, the default batch size,
+# fluid migrations), 8 instances on 2 worker processes, an open-loop Parquet source at RATE
+# records/s, no replay. Each stream lasts DEFAULT_SECONDS; the drifting one rotates its hot
+# keys every DEFAULT_DRIFT_SECONDS of stream. The logs have 2 files (one per source
+# instance: the default parallelism is one per worker), so the drift reaches the job in
+# stream order.
+
+DEFAULT_RATES = [50_000, 200_000, 1_000_000]
+DEFAULT_SECONDS, DEFAULT_DRIFT_SECONDS = 20, 5
+DEFAULT_CASES = {"drift-1.0": (1.0, True, "autoflow"), "zipf-1.5": (1.5, False, "hybrid")}
+SPEC = {"n": ("value", "count"), "s": ("value", "sum")}
+
+
+def _say(msg: str) -> None:
+    import sys
+    import time
+
+    print(f"[balancing {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def default_dataset(rate: int, case: str) -> str:
+    skew, drifting, _ = DEFAULT_CASES[case]
+    rows = rate * DEFAULT_SECONDS
+    return zipf_dataset(rows, KEYS, skew, partitions=2,
+                        drift_every=rate * DEFAULT_DRIFT_SECONDS if drifting else None)
+
+
+def _exact(job, path: str) -> bool:
+    """The operator's final state equals pandas over the same files."""
+    import pandas as pd
+
+    from streamlb.planner import parquet_files
+
+    df = pd.concat([pd.read_parquet(f, columns=["key", "value"]) for f in parquet_files(path)])
+    want = df.groupby("key")["value"].agg(["count", "sum"]).sort_index()
+    got = job.state("agg").sort_index()
+    return (len(got) == len(want) and (got.index.to_numpy() == want.index.to_numpy()).all()
+            and (got["n"].to_numpy() == want["count"].to_numpy()).all()
+            and np.allclose(got["s"].to_numpy(), want["sum"].to_numpy(), rtol=0, atol=1e-6))
+
+
+def default_run(client, rate: int, case: str, balancer: str) -> dict:
+    """One job at default settings; per-window imbalance from ``Job.imbalance``."""
+    import pandas as pd
+    from streamz import Stream
+
+    import streamlb
+
+    path = default_dataset(rate, case)
+    src = Stream.from_parquet(path, rate=rate)
+    src.key_by("key").aggregate(SPEC, parallelism=N, name="agg")
+    with streamlb.run(src, client=client, balancer=balancer) as job:
+        job.wait()
+        imb = job.imbalance("agg")
+        metrics = job.metrics()
+        history = [h for h in job.history if h.get("operator") == "agg"]
+        exact = _exact(job, path)
+        seconds = job.summary()["seconds"]
+    window = float(np.median(np.diff(imb["window_start"]).astype("timedelta64[ns]").astype(np.int64))) / 1e9 \
+        if len(imb) > 1 else 1.0
+    full = imb[imb["records"] > 0.8 * rate * window].reset_index(drop=True)
+    t = (full["window_start"] - pd.Timestamp(0)).dt.total_seconds().to_numpy()
+    first_plan = min((h["completed"] for h in history), default=None)
+    after = full[t >= first_plan] if first_plan is not None else full.iloc[0:0]
+    # totals per instance over the windows after the third
+    m = metrics[metrics["operator"] == "agg"].copy()
+    starts = sorted(m["window_start"].unique())
+    late = m[m["window_start"] >= starts[3]] if len(starts) > 3 else m.iloc[0:0]
+    tot = late.groupby("instance")["records"].sum().reindex(range(N), fill_value=0).to_numpy(float)
+    return {"rate": rate, "case": case, "balancer": balancer, "exact": exact, "seconds": seconds,
+            "windows": len(full), "moves": len(history),
+            "first_plan_s": None if first_plan is None or not len(t) else float(first_plan - t[0]),
+            "history": [{"at": h["started"] - (t[0] if len(t) else 0), "seconds": h["completed"] - h["started"],
+                         "groups": len(h.get("key_groups") or ()), "kind": h.get("kind", h.get("strategy"))}
+                        for h in history],
+            "applied": float(full["applied"].median()) if len(full) else float("nan"),
+            "routed": float(full["routed"].median()) if len(full) else float("nan"),
+            "floor": float(full["floor"].median()) if len(full) else float("nan"),
+            "batches": float(full["batches"].median()) if len(full) else float("nan"),
+            "applied_after_first_plan": float(after["applied"].median()) if len(after) else float("nan"),
+            "applied_p90": float(full["applied"].quantile(0.9)) if len(full) else float("nan"),
+            "totals": float(tot.max() / tot.mean()) if tot.sum() else float("nan"),
+            "series": {"t": (t - t[0]).tolist() if len(t) else [], "applied": full["applied"].tolist(),
+                       "routed": full["routed"].tolist(), "floor": full["floor"].tolist()}}
+
+
+def default_measure(rates=None, cases=None, with_static: bool = True) -> list[dict]:
+    rates = rates or DEFAULT_RATES
+    cases = cases or list(DEFAULT_CASES)
+    out = []
+    for rate in rates:           # datasets first (PySpark), so no job shares the cores with it
+        for case in cases:
+            default_dataset(rate, case)
+    cl, client = cluster(2)
+    with cl, client:
+        for rate in rates:
+            for case in cases:
+                balancers = (["static"] if with_static else []) + [DEFAULT_CASES[case][2]]
+                for b in balancers:
+                    r = default_run(client, rate, case, b)
+                    out.append(r)
+                    _say(f"{case} at {rate:,}/s, {b}: applied {r['applied']:.3f} (after the first plan "
+                         f"{r['applied_after_first_plan']:.3f}), routed {r['routed']:.3f}, floor {r['floor']:.3f}, "
+                         f"totals {r['totals']:.3f}, {r['batches']:.0f} batches/window, {r['moves']} moves, "
+                         f"exact {r['exact']}, {r['seconds']:.1f} s")
+    return out
+
+
+def default_table(rows: list[dict]) -> str:
+    lines = ["| case | rate | balancer | applied (median) | after first plan | routed | floor | totals | "
+             "batches/window | moves | exact |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['rate']:,} | {r['balancer']} | {r['applied']:.3f} | "
+                     f"{r['applied_after_first_plan']:.3f} | {r['routed']:.3f} | {r['floor']:.3f} | "
+                     f"{r['totals']:.3f} | {r['batches']:.0f} | {r['moves']} | {r['exact']} |")
+    return "\n".join(lines)
+
+
+def default_plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    rates = list(dict.fromkeys(r["rate"] for r in rows))
+    fig, axes = plt.subplots(len(cases), len(rates), figsize=(4.2 * len(rates), 3.2 * len(cases)),
+                             squeeze=False, sharey=True)
+    for i, case in enumerate(cases):
+        for j, rate in enumerate(rates):
+            ax = axes[i][j]
+            for r in rows:
+                if r["case"] == case and r["rate"] == rate:
+                    s = r["series"]
+                    ax.plot(s["t"], s["applied"], label=f"{r['balancer']} applied")
+                    if r["balancer"] != "static":
+                        ax.plot(s["t"], s["floor"], "k:", label="floor")
+            ax.set_title(f"{case}, {rate:,} rec/s", fontsize=9)
+            ax.set_ylim(0.9, 4.0)
+            ax.set_xlabel("window (s)")
+            if j == 0:
+                ax.set_ylabel("max / mean applied")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+class DefaultSettings(_OneShot):
+    """Per-window imbalance of applied records with every setting at its default (targets:
+    ``drift-1.0``/``autoflow`` median <= 1.15; ``zipf-1.5``/``hybrid`` <= 1.10 per window after
+    the first plan and <= 1.05 on totals), beside ``static``; at 50k, 200k and 1M records/s."""
+
+    params = (list(DEFAULT_CASES), DEFAULT_RATES, ["static", "balanced"])
+    param_names = ["case", "rate", "balancer"]
+    timeout = 3600
+
+    def setup_cache(self):
+        return {(r["case"], r["rate"], "static" if r["balancer"] == "static" else "balanced"): r
+                for r in default_measure()}
+
+    def track_median_applied_imbalance(self, results, case, rate, balancer):
+        return results[(case, rate, balancer)]["applied"]
+
+    track_median_applied_imbalance.unit = "max/mean"
+
+    def track_median_applied_imbalance_after_first_plan(self, results, case, rate, balancer):
+        return results[(case, rate, balancer)]["applied_after_first_plan"]
+
+    track_median_applied_imbalance_after_first_plan.unit = "max/mean"
+
+    def track_totals_imbalance(self, results, case, rate, balancer):
+        return results[(case, rate, balancer)]["totals"]
+
+    track_totals_imbalance.unit = "max/mean"
+
+    def track_median_routed_imbalance(self, results, case, rate, balancer):
+        return results[(case, rate, balancer)]["routed"]
+
+    track_median_routed_imbalance.unit = "max/mean"
+
+
+if __name__ == "__main__":   # python -m benchmarks.balancing [rate ...] [--case NAME] [--no-static], from asv_bench/
+    import json
+    import sys
+
+    args = sys.argv[1:]
+    case_args = [args[i + 1] for i, a in enumerate(args) if a == "--case"]
+    rate_args = [int(a) for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--case")]
+    res = default_measure(rate_args or None, case_args or None, with_static="--no-static" not in args)
+    print(default_table(res))
+    default_plot(res, os.path.join(DATA, "balancing-defaults.png"))
+    with open(os.path.join(DATA, "balancing-defaults.json"), "w") as fh:
+        json.dump(res, fh)

@@ -171,6 +171,7 @@ class PluginControl(Control):
                  options: dict | None = None, migration: str | None = None) -> None:
         super().__init__(client, control)
         self._history: list[dict] = []
+        self._state: dict = {}
         self._closed = False
         ensure_plugin(client)
         self._ask("streamlb_register_job", topology=topology, balancer=balancer, options=options or {},
@@ -232,6 +233,8 @@ class PluginControl(Control):
         return self._table(operator, state)
 
     def balancer_state(self) -> dict:
+        if self._closed:
+            return self._state             # as the plugin had it when the job stopped
         return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.control.job, {})
 
     def load_trace(self, operator: str, check: Callable[[], object]):
@@ -244,6 +247,7 @@ class PluginControl(Control):
     def close(self) -> None:
         try:
             self._history = self._ask("streamlb_history")
+            self._state = self.balancer_state()
             self._ask("streamlb_unregister_job")
         except Exception:
             pass

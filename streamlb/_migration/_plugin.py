@@ -221,7 +221,8 @@ class BalancerPlugin(SchedulerPlugin):
         (self.jobs[job].refused if known else self.refused).append(entry)
 
     def _receive_load(self, job: str, operator: str, instance: int, window_start: float, kind: str = "owner",
-                      records: int = 0, busy: float = 0.0, queued: int = 0, groups=None, counts=None,
+                      records: int = 0, batches: int | None = None, busy: float = 0.0, queued: int = 0,
+                      groups=None, counts=None,
                       latency_p99_ms=None, final: bool = False, hot=None, routed=None, latency_hist=None,
                       parallelism=None, dead_letters=None, **_ignored) -> None:
         j = self.jobs.get(job)
@@ -230,7 +231,8 @@ class BalancerPlugin(SchedulerPlugin):
         op = j.control.operator(operator)
         win = j.windows[operator]
         slot = win[float(window_start)]
-        place, entry = report_entry(op, operator, kind, instance, records=records, busy=busy, queued=queued,
+        place, entry = report_entry(op, operator, kind, instance, records=records, batches=batches, busy=busy,
+                                    queued=queued,
                                     groups=groups, counts=counts, latency_p99_ms=latency_p99_ms, final=final,
                                     hot=hot, routed=routed, latency_hist=latency_hist, parallelism=parallelism)
         slot[place] = entry

@@ -18,7 +18,7 @@ TRACE_HOT_KEYS = 64         # hottest keys kept per window in the load trace
 
 def report_entry(op: OperatorControl, operator: str, kind: str, instance, *, records: int, busy: float,
                  queued: int, groups, counts, latency_p99_ms, final: bool, hot, routed,
-                 latency_hist, parallelism=None) -> tuple[tuple[str, int], dict]:
+                 latency_hist, parallelism=None, batches=None) -> tuple[tuple[str, int], dict]:
     """One instance's report for a window, checked: its place in the window and what it says.
 
     Raises
@@ -37,6 +37,7 @@ def report_entry(op: OperatorControl, operator: str, kind: str, instance, *, rec
                                  f"{_latency.BINS} non-negative counts (streamlb.latency.EDGES_MS)")
         return ("owner", instance), {
             "records": int(records), "busy": float(busy), "queued": int(queued),
+            "batches": None if batches is None else int(batches),
             "latency_p99_ms": latency_p99_ms, "latency_hist": latency_hist, "final": bool(final),
         }
     if kind == "router":
@@ -134,8 +135,10 @@ class Window:
         unsplittable keys set."""
         total = self.load.sum()
         floor = max(1.0, self.report.instances * self.load.max() / total) if total > 0 else 1.0
+        batches = [r["batches"] for r in self.by_instance]
         return {
             "window_start": self.window_start, "imbalance": self.measured, "floor": floor,
+            "batches": None if None in batches else min(batches),
             "routed": float(self.routed.max() / self.routed.mean()) if self.routed.sum() > 0 else 1.0,
             "planned": self.report.imbalance(), "records": float(total), "epoch": self.epoch,
         }

@@ -16,11 +16,12 @@ from .. import latency as _latency
 
 
 class _Window:
-    __slots__ = ("start", "records", "split_records", "busy", "lat", "weights")
+    __slots__ = ("start", "records", "batches", "split_records", "busy", "lat", "weights")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.records = 0
+        self.batches = 0            # batches (or parts of one) applied: the window's granularity
         self.split_records = 0      # of them, rows of split keys aggregated for their home
         self.busy = 0.0
         self.lat: list[float] = []
@@ -100,6 +101,7 @@ class Metrics:
             self.close_window(now)
         w = self.win
         w.records += n
+        w.batches += n > 0
         w.split_records += split
         w.busy += max(busy, 0.0)
         if latency_ms is not None:
@@ -122,13 +124,14 @@ class Metrics:
             "latency_mean_ms": float((lat * wt).sum() / wt.sum()) if has else np.nan,
             "split_records": w.split_records,
             "latency_hist": _latency.histogram(lat, wt),
+            "batches": w.batches,
         }
         self.rows.append(row)
         final = self.final()
         if self.report:
             self._send({
                 "kind": "owner", "operator": self.operator, "window_start": w.start,
-                "records": int(w.records), "busy": float(w.busy), "queued": self.queued(),
+                "records": int(w.records), "batches": int(w.batches), "busy": float(w.busy), "queued": self.queued(),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
                 "latency_hist": row["latency_hist"].tolist(), "final": final,
                 "dead_letters": self._dead(),

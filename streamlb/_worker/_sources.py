@@ -80,7 +80,7 @@ class Source:
         """Emit the stream; ``resume``: a :meth:`position` of the instance this one replaces."""
         st = self.stage
         self.epoch0 = epoch0
-        per_instance = st.rate / st.parallelism if st.rate else None
+        per_instance = self.paced_rate()
         self.replaying = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
         resume = resume or {}
         if self.replaying:
@@ -96,6 +96,20 @@ class Source:
             await self.emit_all(loop, reader, iter(batches), per_instance, resume.get("t0"), resume.get("sent", 0))
         finally:
             reader.shutdown(wait=False, cancel_futures=True)
+
+    def paced_rate(self) -> float | None:
+        """Records/s this instance emits at with ``rate=`` (not replaying): its share of
+        ``rate`` by the rows of its files, so that the instances keep the job's rate
+        together and finish together however unequal their files (an equal share would
+        leave the instance with the larger files emitting alone, at half the rate, at the
+        end)."""
+        st = self.stage
+        if not st.rate:
+            return None
+        mine = sum(st.file_rows.get(f, 0) for f in st.assignment[self.index]) if st.assignment else 0
+        if not mine or not st.total_rows:
+            return st.rate / st.parallelism
+        return st.rate * mine / st.total_rows
 
     def _emitted(self, batch, mark) -> None:
         self.rows += len(batch)
