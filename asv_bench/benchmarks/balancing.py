@@ -221,19 +221,33 @@ def _exact(job, path: str) -> bool:
             and np.allclose(got["s"].to_numpy(), want["sum"].to_numpy(), rtol=0, atol=1e-6))
 
 
-def default_run(client, rate: int, case: str, balancer: str) -> dict:
-    """One job at default settings; per-window imbalance from ``Job.imbalance``."""
+def _imbalance(job):
+    """``job.imbalance("agg")``; from the plugin's state for a streamlb older than it (to
+    measure a baseline commit with this benchmark)."""
+    import pandas as pd
+
+    if hasattr(job, "imbalance"):
+        return job.imbalance("agg")
+    frame = pd.DataFrame(job.balancer_state()["operators"]["agg"]["imbalance"]).rename(columns={"imbalance": "applied"})
+    frame["window_start"] = pd.to_datetime(frame["window_start"], unit="s")
+    frame["batches"] = np.nan
+    return frame
+
+
+def default_run(client, rate: int, case: str, balancer: str, path: str | None = None) -> dict:
+    """One job at default settings; per-window imbalance from ``Job.imbalance`` (``path``:
+    another log than the case's)."""
     import pandas as pd
     from streamz import Stream
 
     import streamlb
 
-    path = default_dataset(rate, case)
+    path = path or default_dataset(rate, case)
     src = Stream.from_parquet(path, rate=rate)
     src.key_by("key").aggregate(SPEC, parallelism=N, name="agg")
     with streamlb.run(src, client=client, balancer=balancer) as job:
         job.wait()
-        imb = job.imbalance("agg")
+        imb = _imbalance(job)
         metrics = job.metrics()
         history = [h for h in job.history if h.get("operator") == "agg"]
         exact = _exact(job, path)

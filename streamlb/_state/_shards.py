@@ -191,8 +191,7 @@ class _AggShard:
         return {(name, c): table[c] for c in self.o.dtypes for name, table in self._tables(c) if c in table}
 
     def _rows(self, sel: np.ndarray) -> dict:
-        return {(name, c): table[c][sel].copy()
-                for c in self.o.dtypes for name, table in self._tables(c) if c in table}
+        return {t: arr[sel].copy() for t, arr in self.columns().items()}
 
     def slots_of(self, groups, ordered: bool = False) -> np.ndarray:
         """Slots of the keys with state here in key groups ``groups`` (of this shard);
