@@ -111,8 +111,12 @@ class ShuffleExchange(_Exchange):
         super().__init__(spec, upstream, chans)
         sh = spec.shuffle
         self.router = _shuffle.ShuffleRouter(sh["policy"], len(chans), sh["feature"], sh["group"])
+        self.order = sorted(chans)
 
     def resized(self) -> None:
+        # the router counts instances 0..n-1; while several retire one by one, the channels
+        # left may skip an index (2 gone, 3 and 4 not yet): the router's i-th is the i-th left
+        self.order = sorted(self.chans)
         self.router.resize(len(self.chans))
 
     async def send(self, x, emitted: float) -> None:
@@ -121,9 +125,10 @@ class ShuffleExchange(_Exchange):
             return
         router = self.router
         async with self.lock:           # instances may be added or retired between batches
+            order = self.order
             for i, piece, cost in router.route(x, self.spec.name):
-                await self.chans[i].send(Batch(piece, emitted),
-                                         lambda reply, i=i, cost=cost: router.done(i, cost, reply))
+                await self.chans[order[i]].send(Batch(piece, emitted),
+                                                lambda reply, i=i, cost=cost: router.done(i, cost, reply))
 
 
 class KeyedRouter(_Exchange):
