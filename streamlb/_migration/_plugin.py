@@ -255,6 +255,8 @@ class BalancerPlugin(SchedulerPlugin):
             return
         if w.final:
             return                      # the stream is ending: nothing left to balance
+        if len(j.imbalance[operator]) == 1:
+            return                      # the job's first window: begun mid-window, a sample too small to plan on
         try:
             plan = complete_plan(w.report, j.balancer.plan(w.report))
             check_plan(w.report, plan)
