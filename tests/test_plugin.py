@@ -198,11 +198,15 @@ def test_owner_latency_histograms_reach_the_balancers_load_report():
     job = plugin.jobs["j"] = _Job(topology, "static", {}, "fluid")
     job.balancer = Recording()
     hist = latency.histogram([3.0, 40.0], [10, 1])
-    plugin._receive_load(job="j", operator="agg", instance=0, window_start=1.0, records=11, latency_hist=hist.tolist())
-    plugin._receive_load(job="j", operator="agg", instance=1, window_start=1.0, records=0)
-    plugin._receive_load(job="j", operator="agg", instance=0, window_start=1.0, kind="router",
-                         groups=[0, 1], counts=[10, 1], routed=[10, 1])
+    for start in (1.0, 1.5):        # the job's first window is not planned on (begun mid-window)
+        plugin._receive_load(job="j", operator="agg", instance=0, window_start=start, records=11,
+                             latency_hist=hist.tolist())
+        plugin._receive_load(job="j", operator="agg", instance=1, window_start=start, records=0)
+        plugin._receive_load(job="j", operator="agg", instance=0, window_start=start, kind="router",
+                             groups=[0, 1], counts=[10, 1], routed=[10, 1])
+        assert len(job.balancer.reports) == (start > 1.0)
     (report,) = job.balancer.reports
+    assert report.window_start == 1.5
     np.testing.assert_array_equal(report.latency_hist, np.stack([hist, np.zeros(latency.BINS)]))
     assert latency.quantile(report.latency_hist.sum(axis=0), 0.5) < 4.0 < latency.quantile(report.latency_hist[0], 0.99)
 
