@@ -506,3 +506,15 @@ def test_pooled_snapshot_arrays_are_lent_until_released():
     third = store.snapshot(range(G))
     assert third["pooled"] == first["pooled"]
     assert np.shares_memory(third["parts"][0]["keys"], first["parts"][0]["keys"])
+
+
+def test_a_bad_compression_setting_fails_the_run_by_name(tmp_path):
+    import dask
+
+    from streamlb._checkpoint._coordinator import Checkpointer
+
+    with dask.config.set({"streamlb.checkpoint.compression": "gzip"}):
+        with pytest.raises(ValueError, match="streamlb.checkpoint.compression is 'gzip'"):
+            Checkpointer(object(), str(tmp_path))
+    with dask.config.set({"streamlb.checkpoint.compression": "lz4"}):
+        assert Checkpointer(object(), str(tmp_path)).compression == "lz4"

@@ -33,8 +33,10 @@ rows are sorted by key group, and a group's entry ``[relpath, offset, rows]`` gi
 or the file keeps the rows as the store held them, in *runs* (one per shard of the store,
 listed in the schema metadata) that each hold whole key groups: then the entry is
 ``[relpath, offset, rows, keys]``, the run's rows, among which the group's ``keys`` (a reader
-keeps those of the groups it wants). Writing runs spares a sort of every snapshot. Aggregate state has one column per table, ``"<name>:<column>"`` (name one of
-cnt / sum / min / max); a stateful map has ``state``, each one ``cloudpickle.dumps(state)``.
+keeps those of the groups it wants). Writing runs spares a sort of every snapshot.
+
+Aggregate state has one column per table, ``"<name>:<column>"`` (name one of cnt / sum / min
+/ max); a stateful map has ``state``, each one ``cloudpickle.dumps(state)``.
 The schema's metadata holds what :func:`decode` needs to give back the exact blob.
 
 Files are Arrow IPC, uncompressed unless setting ``streamlb.checkpoint.compression`` says
