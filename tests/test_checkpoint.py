@@ -86,7 +86,7 @@ def test_checkpoints_are_exact_incremental_and_retained(two_workers, data, tmp_p
     path, frame = data
     ck = str(tmp_path / "ck")
     src, outs = build(path, str(tmp_path / "out"), rate=90_000)
-    with dask.config.set({"streamlb.checkpoint.retained": 2}):
+    with dask.config.set({"streamlb.checkpoint.retained": 2, "streamlb.checkpoint.compression": "lz4"}):
         job = streamlb.run(src, client=two_workers, checkpoint=ck, checkpoint_interval=0.25)
         job.wait(timeout=120)
     check_exact(job, frame, outs, str(tmp_path / "out"))
@@ -105,6 +105,13 @@ def test_checkpoints_are_exact_incremental_and_retained(two_workers, data, tmp_p
     assert manifest["id"] == cps["id"].iloc[-1]
     held = {int(g) for g in manifest["operators"]["totals"]["groups"]}
     assert held and max(held) < job.key_groups
+    # the setting reached the instances: their files are LZ4-compressed (small keys and
+    # counts pack well), and read back whole
+    import pyarrow as pa
+
+    files = [os.path.join(base, f) for f in manifest["files"]]
+    assert files and all(pa.ipc.open_file(f).read_all().num_rows for f in files)
+    assert sum(map(os.path.getsize, files)) < 0.8 * sum(pa.ipc.open_file(f).read_all().nbytes for f in files)
     job.stop()
 
 
