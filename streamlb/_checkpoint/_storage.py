@@ -517,7 +517,7 @@ def _group_ranges(table: pa.Table) -> dict:
         return {}
     runs = _meta(table).get("runs")
     if runs:
-        return {g: [off, n, k] for off, n, held in _run_groups(groups.astype(np.int64), runs)
+        return {g: [off, n, k] for off, n, held in _run_groups(groups, runs)
                 for g, k in held.items()}
     first = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1))
     rows = np.diff(np.append(first, len(groups)))

@@ -227,9 +227,14 @@ class Checkpointed:
         segment = self.seal(cid)
         for ex in self.exchanges.values():
             await ex.checkpoint(cid, full, target)
+        self._source_ack(cid, segment, position)
+
+    def _source_ack(self, cid: int, segment: dict | None, position: dict) -> None:
+        """A source's acknowledgement of checkpoint ``cid``: its position, no state."""
+        now = time.time()
         self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
                                 "segment": segment, "position": position, "groups": None, "file": None,
-                                "error": None, "aligned_at": time.time(), "written_at": time.time()})
+                                "error": None, "aligned_at": now, "written_at": now})
 
     async def checkpoint(self, cid: int, full: bool = False, target: str | None = None) -> None:
         """A source: put checkpoint ``cid``'s barrier out between the next two batches (at
@@ -239,9 +244,7 @@ class Checkpointed:
             position = {**src.position(), "ended": True, "records_out": self.records_out,
                         "started_at": self.started_at, "finished_at": self.finished_at,
                         "offsets": dict(src.offsets)}
-            self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
-                                    "segment": None, "position": position, "groups": None, "file": None,
-                                    "error": None, "aligned_at": time.time(), "written_at": time.time()})
+            self._source_ack(cid, None, position)
             return
         src.ask_barrier(cid, full, target)
 
