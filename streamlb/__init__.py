@@ -5,9 +5,11 @@ from . import config as _config  # noqa: F401  (installs the dask.config default
 from . import nodes as _nodes  # noqa: F401  (registers the nodes on streamz.Stream)
 from .exceptions import (
     CheckpointError,
+    CommandError,
     InputPathError,
     JavaNotFoundError,
     JobFailedError,
+    JobReleasedError,
     KeyTypeError,
     MigrationError,
     PipelineError,
@@ -70,6 +72,8 @@ __all__ = [
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
+    "JobReleasedError",
     "MigrationError",
+    "CommandError",
     "CheckpointError",
 ]

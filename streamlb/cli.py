@@ -362,7 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "simulate" and not args.trace and args.instances is None:
         args.instances = 8
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        # the job that ran was stopped by Job.wait and its uncommitted outputs removed
+        print(f"streamlb {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

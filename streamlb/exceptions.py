@@ -16,8 +16,10 @@ __all__ = [
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
+    "JobReleasedError",
     "MigrationError",
     "ReconfigurationError",
+    "CommandError",
     "CheckpointError",
 ]
 
@@ -77,6 +79,11 @@ class JobFailedError(StreamlbError, RuntimeError):
     """The job stopped because an instance failed; the cause is chained."""
 
 
+class JobReleasedError(StreamlbError, RuntimeError):
+    """The job's instances, and the state they held, are gone: their workers retired or
+    the cluster closed after the job finished (see docs/reconfiguration.md)."""
+
+
 class MigrationError(StreamlbError, ValueError):
     """A move of key groups was refused (bad instance or key group, job not running) or
     could not complete; the job keeps running on its current routing."""
@@ -86,6 +93,13 @@ class ReconfigurationError(MigrationError):
     """A rescale, move, update or worker drain was refused (bad operator, instance,
     parallelism, worker or function, or another reconfiguration of the operator running);
     the job runs on as it was."""
+
+
+class CommandError(MigrationError):
+    """A command sent to the balancer plugin was refused before it did anything: an unknown
+    job or operator, a missing or unexpected argument, a value of the wrong type or out of
+    range. The message names the command, the argument and what would be valid; the plugin
+    and every job run on as they were."""
 
 
 class CheckpointError(StreamlbError, RuntimeError):

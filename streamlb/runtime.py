@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import config
-from .exceptions import (CheckpointError, JobFailedError, MigrationError, PipelineError,
+from .exceptions import (CheckpointError, JobFailedError, JobReleasedError, MigrationError, PipelineError,
                          SchedulerUnreachableError, StreamlbError)
 from .planner import Plan, Stage, pace_batches, plan
 from .routing import RoutingTable
@@ -36,8 +36,8 @@ def _stop_live_jobs() -> None:
     for job in list(_live_jobs):
         try:
             job.stop()
-        except Exception:           # exiting: nothing left to report to
-            pass
+        except BaseException as exc:     # exiting: say it once, never a traceback
+            logger.info("job %s: not stopped cleanly at exit (%s: %s)", job.id, type(exc).__name__, exc)
 
 
 def _track(job: "Job") -> None:
@@ -248,6 +248,8 @@ class Job:
         self.id = uuid.uuid4().hex[:8]
         self._owns_client = owns_client
         self._closed = False
+        self._gone: str | None = None           # why the cluster can no longer be reached
+        self._released: set[str] = set()        # retired workers whose instances were let go
         self.status = "running"
         self.error: BaseException | None = None
         self._last: list[dict] = []
@@ -305,7 +307,8 @@ class Job:
         self.workers_of = _placement.wire(self.actors, plan.stages, self.tables, self.exchanges,
                                           report=self.balancer is not None, runs=self.runs or None)
         if self.checkpointer is not None:
-            for f in [a.checkpointing(self.checkpointer.url, self.checkpointer.compression) for a in self.actors.values()]:
+            cp = self.checkpointer
+            for f in [a.checkpointing(cp.url, cp.compression) for a in self.actors.values()]:
                 f.result()
         if restored is not None:
             from ._checkpoint._restore import install_state
@@ -391,13 +394,17 @@ class Job:
 
             total = sum(s.total_rows for s in self.plan.stages if s.is_source) or None
             bar = tqdm(total=total, unit="rec", unit_scale=True, desc="records")
+        poll_timeout = 2.0 if self.recovery is not None else config.seconds("stop-timeout")
         try:
             while True:
                 if self.recovery is not None and self.recovery.check():
                     continue                        # a worker was lost: restored from a checkpoint
+                gone = self.cluster_gone()
+                if gone:
+                    self._on_failure(JobFailedError(f"job {self.id} cannot finish: {gone}"))
                 try:
                     with self.topology_lock:        # not halfway through a recovery or a rescale
-                        rows = self._poll(timeout=None if self.recovery is None else 2.0)
+                        rows = self._poll(timeout=poll_timeout)
                     failed = [r["error"] for r in rows if r["status"] == "failed"]
                 except TimeoutError:                # slow to answer: was its worker lost?
                     if deadline is not None and time.time() > deadline:
@@ -421,6 +428,9 @@ class Job:
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"job {self.id} still running after {timeout}s")
                 time.sleep(interval)
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -437,16 +447,25 @@ class Job:
             self.autoscaler.stop()
         return self
 
+    def _interrupted(self) -> None:
+        """Ctrl-C in :meth:`wait`: stop the job now, its uncommitted outputs removed (a second
+        Ctrl-C meanwhile is held off until it is done, so nothing is left half stopped)."""
+        import signal
+
+        logger.info("job %s: interrupted; stopping it", self.id)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.stop()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+
     def _on_failure(self, err: BaseException) -> None:
         self.status = "failed"
         self.error = err
-        for a in self.actors.values():
-            try:
-                a.stop().result(timeout=10)
-            except Exception:
-                pass
-        for path in self.plan.parquet_paths:
-            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
+        self._stop_instances(list(self.actors), config.seconds("stop-timeout"))
+        self._remove_uncommitted()
         raise err
 
     def balancer_state(self) -> dict:
@@ -505,31 +524,118 @@ class Job:
             open(os.path.join(path, "_SUCCESS"), "w").close()
 
     def stop(self) -> None:
-        """Stop every instance and release the cluster if ``run`` started it."""
+        """Stop every instance and release the cluster if ``run`` started it.
+
+        Never hangs: each call to the scheduler or to the instances waits at most the
+        setting ``streamlb.stop-timeout``; a job whose scheduler or workers are gone stops
+        locally (one line at INFO says so). Outputs of a job stopped before it finished are
+        not committed: ``to_parquet`` files not yet committed are removed.
+        """
         if self._closed:
             return
-        if self.autoscaler is not None:
-            self.autoscaler.stop()
-        if self.checkpointer is not None:
-            self.checkpointer.stop()
-        self._drainer.close()
-        self._migrations.close()
         self._closed = True
-        if self.status == "running":
-            for a in self.actors.values():
+        _live_jobs.discard(self)
+        timeout = config.seconds("stop-timeout")
+        for part in (self.autoscaler, self.checkpointer):
+            if part is not None:
+                part.stop()
+        gone = self.cluster_gone()
+        self._drainer.close()
+        self._migrations.close(timeout=0 if gone else timeout)
+        running = self.status == "running"
+        if running:
+            self.status = "stopped"
+            self._remove_uncommitted()
+        if gone:
+            self._forget_actors()
+            logger.info("job %s %s locally: %s", self.id, "stopped" if running else "released", gone)
+        else:
+            self._release_actors(timeout=timeout)
+            logger.info("job %s %s", self.id, "finished" if self.status == "done" else self.status)
+        if self._owns_client:
+            self._close_client(timeout)
+
+    def cluster_gone(self) -> str | None:
+        """Why the job's scheduler cannot be reached any more (its client or cluster was
+        closed, or the scheduler said it closes), or None while it can."""
+        if self._gone is not None:
+            return self._gone
+        status = getattr(self.client, "status", "closed")
+        if status not in ("running", "newly-created"):
+            return f"its client was closed (status {status!r})"
+        if self.cluster is not None and str(getattr(self.cluster, "status", "")).endswith(("closed", "closing")):
+            return "its cluster was closed"
+        return None
+
+    def _scheduler_closing(self) -> None:
+        """The scheduler said it closes (see ``_reconfig._retire``): what is left of the job
+        stops locally, and a client the job made closes now, before it would try to reconnect."""
+        self._gone = "its scheduler closed"
+        if self._owns_client and self.client.status == "running":
+            self.client.loop.add_callback(self.client._close, fast=True)
+
+    def _release_actors(self, keys=None, timeout: float = 5.0) -> None:
+        """Stop the instances ``keys`` (all by default), waiting at most ``timeout`` seconds
+        in all, and let go of their actors: the workers free them, and Dask no longer counts
+        them when retiring the workers."""
+        keys = list(self.actors) if keys is None else [k for k in keys if k in self.actors]
+        self._stop_instances(keys, timeout)
+        self._forget_actors(keys)
+
+    def _stop_instances(self, keys, timeout: float) -> None:
+        """Ask the instances ``keys`` to stop, all at once; wait ``timeout`` seconds at most in all."""
+        calls = []
+        for k in keys:
+            try:
+                calls.append(self.actors[k].stop())
+            except Exception:           # its worker is already gone
+                pass
+        deadline = time.time() + timeout
+        for c in calls:
+            try:
+                c.result(timeout=max(deadline - time.time(), 0.05))
+            except Exception:
+                pass
+
+    def _forget_actors(self, keys=None) -> None:
+        for k in (list(self.actors) if keys is None else keys):
+            a, f = self.actors.pop(k, None), self._futures.pop(k, None)
+            if f is not None and self.cluster_gone() is None:
                 try:
-                    a.stop().result(timeout=10)
+                    f.release()
                 except Exception:
                     pass
-            self.status = "stopped"
-        self.actors.clear()
-        self._futures.clear()
-        _live_jobs.discard(self)
-        logger.info("job %s %s", self.id, "finished" if self.status == "done" else self.status)
-        if self._owns_client:
-            self.client.close()
-            if self.cluster is not None:
-                self.cluster.close()
+            if hasattr(a, "_future"):
+                a._future = None
+
+    def release_workers(self, workers) -> None:
+        """Workers holding instances of this finished job retire: release those instances
+        (and the state they hold); reading it afterwards raises :class:`JobReleasedError`."""
+        workers = set(workers)
+        keys = [k for k, w in self.workers_of.items() if w in workers and k in self.actors]
+        if not keys:
+            return
+        self._released.update(workers & {self.workers_of[k] for k in keys})
+        self._release_actors(keys, timeout=config.seconds("stop-timeout"))
+        logger.info("job %s (%s): released %d instances on retiring workers %s", self.id, self.status,
+                    len(keys), ", ".join(sorted(self._released)))
+
+    def _close_client(self, timeout: float) -> None:
+        try:
+            if self.client.status not in ("closed", "closing"):
+                self.client.close(timeout=timeout)
+        except Exception:
+            pass
+        if self.cluster is not None:
+            try:
+                self.cluster.close(timeout=timeout)
+            except Exception:
+                pass
+
+    def _remove_uncommitted(self) -> None:
+        """Outputs the job staged but never committed (it stopped before it finished)."""
+        for path in self.plan.parquet_paths:
+            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
 
     close = stop
 
@@ -787,7 +893,21 @@ class Job:
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):
         st = self.plan.stage(name)
+        missing = [i for i in range(st.parallelism) if (st.id, i) not in self.actors]
+        if missing or self.cluster_gone():
+            raise JobReleasedError(self._released_reason(st.name))
         return st, [self.actors[(st.id, i)] for i in range(st.parallelism)]
+
+    def _released_reason(self, operator: str) -> str:
+        if self._released:
+            why = (f"its workers are gone: the instances on {', '.join(sorted(self._released))} were released "
+                   f"when those workers retired after the job {self.status}")
+        elif self.cluster_gone():
+            why = f"its workers are gone ({self.cluster_gone()})"
+        else:
+            why = "it was stopped, which released its instances"
+        return (f"job {self.id}: the state of {operator!r} cannot be read: {why}. Read results before "
+                "stopping the job or closing or scaling down its cluster (see docs/reconfiguration.md)")
 
     def state(self, operator: str) -> pd.DataFrame:
         """Keyed state of ``operator``: a DataFrame indexed by key, sorted by key."""

@@ -159,23 +159,4 @@ class Recovery:
 
     def _drop_actors(self) -> None:
         """Stop every instance still alive and let go of every actor."""
-        job = self.job
-        calls = []
-        for a in job.actors.values():
-            try:
-                calls.append(a.stop())
-            except Exception:
-                pass
-        deadline = time.time() + 5
-        for c in calls:
-            try:
-                c.result(timeout=max(deadline - time.time(), 0.05))
-            except Exception:
-                pass
-        for k, a in list(job.actors.items()):
-            f = job._futures.pop(k, None)
-            if f is not None:
-                f.release()
-            if hasattr(a, "_future"):
-                a._future = None
-        job.actors.clear()
+        self.job._release_actors(timeout=5)

@@ -95,8 +95,9 @@ class Control(ABC):
     def load_trace(self, operator: str, check: Callable[[], object]):
         """The load the balancer saw for ``operator``, once ``check()`` accepted it."""
 
-    def close(self) -> None:
-        """The job stops: keep what is needed to answer :meth:`history` afterwards."""
+    def close(self, timeout: float | None = None) -> None:
+        """The job stops: keep what is needed to answer :meth:`history` afterwards, asking
+        the coordinator for at most ``timeout`` seconds (0: it is gone, ask nothing)."""
 
     def note_autoscale(self, decision: dict, wanted: dict) -> None:
         """An autoscaling decision (shown by the plugin's state where there is one)."""
@@ -177,8 +178,11 @@ class PluginControl(Control):
         self._ask("streamlb_register_job", topology=topology, balancer=balancer, options=options or {},
                   migration=migration)
 
-    def _ask(self, handler: str, **kwargs):
-        return self.client.sync(getattr(self.client.scheduler, handler), job=self.control.job, **kwargs)
+    def _ask(self, handler: str, _timeout: float | None = None, **kwargs):
+        """Call the plugin's ``handler`` for this job; ``_timeout``: seconds to wait for the
+        answer before ``TimeoutError`` (None: as long as it takes)."""
+        return self.client.sync(getattr(self.client.scheduler, handler), job=self.control.job,
+                                callback_timeout=_timeout, **kwargs)
 
     def _table(self, operator: str, state: dict) -> RoutingTable:
         return table_from_state(state, self.control.operator(operator).table.parallelism)
@@ -235,7 +239,11 @@ class PluginControl(Control):
     def balancer_state(self) -> dict:
         if self._closed:
             return self._state             # as the plugin had it when the job stopped
-        return self.client.sync(self.client.scheduler.streamlb_state)["jobs"].get(self.control.job, {})
+        return self._plugin_state(None)
+
+    def _plugin_state(self, timeout: float | None) -> dict:
+        state = self.client.sync(self.client.scheduler.streamlb_state, callback_timeout=timeout)
+        return state["jobs"].get(self.control.job, {})
 
     def load_trace(self, operator: str, check: Callable[[], object]):
         check()
@@ -244,13 +252,14 @@ class PluginControl(Control):
     def note_autoscale(self, decision: dict, wanted: dict) -> None:
         self._ask("streamlb_autoscale", decision=decision, wanted=wanted)
 
-    def close(self) -> None:
-        try:
-            self._history = self._ask("streamlb_history")
-            self._state = self.balancer_state()
-            self._ask("streamlb_unregister_job")
-        except Exception:
-            pass
+    def close(self, timeout: float | None = None) -> None:
+        if timeout != 0:
+            try:
+                self._history = self._ask("streamlb_history", _timeout=timeout)
+                self._state = self._plugin_state(timeout)
+                self._ask("streamlb_unregister_job", _timeout=timeout)
+            except Exception:       # the scheduler is gone or slow: keep what was known
+                pass
         self._closed = True
 
 

@@ -10,6 +10,12 @@ Each job's driver (subscribed through :class:`Drainer`) moves its instances on t
 workers to the remaining ones (``Job.move_instance``) and answers ``streamlb-retired``;
 then the retirement proceeds. A job that cannot move them answers with the reason and the
 retirement is refused with an error naming the job and the operators.
+
+A job that is no longer running (finished, failed or stopped) has nothing to drain: its
+driver releases the instances on the retiring workers, with the state they hold, and the
+retirement proceeds (``Job.state`` then raises :class:`~streamlb.JobReleasedError`). When
+the scheduler closes, the guard says so first (event ``streamlb-closing``): each job stops
+locally, and a client a job made closes before it would try to reconnect.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 logger = logging.getLogger("streamlb.retire")
 
 NAME = "streamlb-retire-guard"
-RETIRING, RETIRED = "streamlb-retiring", "streamlb-retired"
+RETIRING, RETIRED, CLOSING = "streamlb-retiring", "streamlb-retired", "streamlb-closing"
 
 
 def _job_of(key) -> str | None:
@@ -48,6 +54,10 @@ class RetireGuard(SchedulerPlugin):
         self.scheduler = scheduler
         scheduler.handlers["retire_workers"] = self._wrap(scheduler.handlers["retire_workers"])
         scheduler.retire_workers = self._wrap(scheduler.retire_workers)
+
+    async def before_close(self) -> None:
+        self.scheduler.log_event(CLOSING, {"scheduler": self.scheduler.address})
+        await asyncio.sleep(0.1)        # the event reaches the clients before their comms are closed
 
     def _resolve(self, workers, names, kw) -> list[str]:
         s = self.scheduler
@@ -103,8 +113,7 @@ class RetireGuard(SchedulerPlugin):
                 return
             await asyncio.sleep(0.05)
         raise RuntimeError(f"streamlb: instances of jobs {', '.join(sorted(jobs))} are still on "
-                           f"{', '.join(addrs)}; retirement refused (a job that is no longer running keeps its "
-                           "instances, and their state, until Job.stop(): stop it first)")
+                           f"{', '.join(addrs)} after their drivers released them; retirement refused")
 
     def log_event(self, topic, msg) -> None:
         if topic != RETIRED or not isinstance(msg, dict) or msg.get("id") not in self.pending:
@@ -131,6 +140,11 @@ def _dispatch(client_id: int, event) -> None:
         d.on_event(event)
 
 
+def _closing(client_id: int, event) -> None:
+    for d in list(_DRAINERS.get(client_id, {}).values()):
+        d.job._scheduler_closing()
+
+
 class Drainer:
     """A job's side: on ``streamlb-retiring`` naming this job, move its instances off the
     retiring workers (in a thread: the handler runs on the client's event loop) and answer.
@@ -144,6 +158,7 @@ class Drainer:
         jobs = _DRAINERS.setdefault(id(client), {})
         if not jobs:
             client.subscribe_topic(RETIRING, functools.partial(_dispatch, id(client)))
+            client.subscribe_topic(CLOSING, functools.partial(_closing, id(client)))
         jobs[job.id] = self
 
     def close(self) -> None:
@@ -152,10 +167,11 @@ class Drainer:
         jobs.pop(self.job.id, None)
         if not jobs:
             _DRAINERS.pop(id(client), None)
-            try:
-                client.unsubscribe_topic(RETIRING)
-            except Exception:
-                pass
+            for topic in (RETIRING, CLOSING):
+                try:
+                    client.unsubscribe_topic(topic)
+                except Exception:
+                    pass
 
     def on_event(self, event) -> None:
         _, msg = event
@@ -169,6 +185,8 @@ class Drainer:
         reply = {"id": msg["id"], "job": job.id, "ok": True}
         try:
             retiring = list(msg["retiring"])
+            if job.status != "running":     # nothing to drain: let its instances go
+                job.release_workers(retiring)
             for w in retiring:
                 done = job.reconfig.drain_worker(w, exclude=retiring)
                 self.moves.extend(done)

@@ -1,0 +1,217 @@
+"""The edges a user meets first: a script that never stops its job, a cluster closed under
+a held job, the interpreter exiting while a job runs, Ctrl-C during ``wait``.
+
+Each case runs as its own Python program with real worker processes, because what is
+checked is how the program ends: by itself, soon, with exit 0 (or by the interrupt), and
+without a traceback or an error logged by streamlb or distributed on the way out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+DEADLINE = 30           # seconds each program has to end by itself
+
+PRELUDE = """
+import json, sys
+import numpy as np, pandas as pd
+from distributed import Client, LocalCluster
+from streamz import Stream
+import streamlb
+
+rng = np.random.default_rng(0)
+frames = [pd.DataFrame({"key": rng.integers(0, 50, 1000), "value": rng.integers(0, 100, 1000)})
+          for _ in range(5)]
+
+
+def dump(frame):
+    print("STATE " + json.dumps({str(k): int(v) for k, v in frame["n"].items()}), flush=True)
+"""
+
+
+def _frames() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.concat([pd.DataFrame({"key": rng.integers(0, 50, 1000), "value": rng.integers(0, 100, 1000)})
+                      for _ in range(5)])
+
+
+def _expected_counts() -> dict:
+    counts = _frames().groupby("key")["value"].count()
+    return {str(k): int(v) for k, v in counts.items()}
+
+
+def _program(tmp_path, body: str) -> str:
+    path = tmp_path / "program.py"
+    path.write_text(PRELUDE + "\n\nif __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    "))
+    return str(path)
+
+
+def _run(path: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=DEADLINE, **kw)
+
+
+def _quiet(stderr: str, tracebacks: int = 0) -> None:
+    """No error logged by streamlb or distributed (nor tornado, which logs for them), and
+    at most ``tracebacks`` tracebacks."""
+    errors = [ln for ln in stderr.splitlines()
+              if any(f"{name}" in ln for name in ("streamlb", "distributed", "tornado")) and " ERROR " in ln
+              or " - ERROR - " in ln or " - CRITICAL - " in ln]
+    assert not errors, stderr[-4000:]
+    assert stderr.count("Traceback (most recent call last)") <= tracebacks, stderr[-4000:]
+
+
+def _state(stdout: str) -> dict:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("STATE "))
+    return json.loads(line[len("STATE "):])
+
+
+def test_unstopped_job_in_a_closing_cluster_exits(tmp_path):
+    """The issue's script: the with-block closes the cluster; the job is never stopped."""
+    prog = _program(tmp_path, """
+        with LocalCluster(n_workers=2, processes=True, dashboard_address=":0") as cl:
+            src = Stream.from_iterable(frames)
+            src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
+            job = streamlb.run(src, address=cl.scheduler_address, balancer="static")
+            job.wait()
+            dump(job.state("counts"))
+        try:
+            job.state("counts")
+        except streamlb.JobReleasedError as exc:
+            print("RELEASED " + str(exc), flush=True)
+    """)
+    t0 = time.time()
+    r = _run(prog)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert time.time() - t0 < DEADLINE
+    _quiet(r.stderr)
+    assert _state(r.stdout) == _expected_counts()
+    released = next(ln for ln in r.stdout.splitlines() if ln.startswith("RELEASED "))
+    assert "job " in released and "workers are gone" in released
+
+
+def test_client_and_cluster_closed_before_the_job_stops(tmp_path):
+    prog = _program(tmp_path, """
+        cl = LocalCluster(n_workers=2, processes=True, dashboard_address=":0")
+        client = Client(cl)
+        src = Stream.from_iterable(frames)
+        src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
+        job = streamlb.run(src, client=client, balancer="autoflow")
+        job.wait()
+        dump(job.state("counts"))
+        client.close()
+        cl.close()
+        try:
+            job.state("counts")
+        except streamlb.JobReleasedError as exc:
+            print("RELEASED " + str(exc), flush=True)
+    """)
+    r = _run(prog)
+    assert r.returncode == 0, r.stderr[-4000:]
+    _quiet(r.stderr)
+    assert _state(r.stdout) == _expected_counts()
+    assert any(ln.startswith("RELEASED ") and "workers are gone" in ln for ln in r.stdout.splitlines())
+
+
+@pytest.fixture(scope="module")
+def paced_log(tmp_path_factory):
+    """Two Parquet files of 100k rows each, read at 20k rows/s: a job of about 10 s."""
+    path = tmp_path_factory.mktemp("edges") / "log"
+    path.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(2):
+        pd.DataFrame({"key": rng.integers(0, 50, 100_000), "value": rng.random(100_000)}).to_parquet(
+            path / f"part-{i}.parquet")
+    return str(path)
+
+
+def test_interpreter_exits_while_a_job_runs(tmp_path, paced_log):
+    prog = _program(tmp_path, """
+        import time
+        src = Stream.from_parquet(sys.argv[1], rate=20_000)
+        src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
+        job = streamlb.run(src, n_workers=2, balancer="autoflow")
+        time.sleep(1.0)
+        print("LEAVING " + job.status, flush=True)
+    """)
+    r = _run(prog, paced_log)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "LEAVING running" in r.stdout
+    _quiet(r.stderr)
+
+
+def test_ctrl_c_during_wait_stops_the_job_and_removes_outputs(tmp_path, paced_log):
+    out = tmp_path / "out"
+    prog = _program(tmp_path, """
+        src = Stream.from_parquet(sys.argv[1], rate=20_000)
+        src.map(lambda df: df.assign(twice=df.value * 2)).to_parquet(sys.argv[2])
+        job = streamlb.run(src, n_workers=2)
+        print("RUNNING", flush=True)
+        job.wait(progress=True)
+    """)
+    p = subprocess.Popen([sys.executable, prog, paced_log, str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "RUNNING"
+        staged = out / "_temporary"
+        deadline = time.time() + 15
+        while not (staged.is_dir() and any(staged.iterdir())) and time.time() < deadline:
+            time.sleep(0.1)
+        assert staged.is_dir() and any(staged.iterdir()), "the job wrote no part file to interrupt"
+        time.sleep(1.0)
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=DEADLINE)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode in (-signal.SIGINT, 130), err[-4000:]
+    assert took < 10, took
+    _quiet(err, tracebacks=1)
+    assert err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    left = [f for _, _, files in os.walk(out) for f in files]
+    assert left == [], left
+
+
+def test_a_held_finished_job_lets_the_cluster_scale_down_and_close(tmp_path):
+    prog = _program(tmp_path, """
+        import time
+        cl = LocalCluster(n_workers=2, processes=True, dashboard_address=":0")
+        client = Client(cl)
+        src = Stream.from_iterable(frames)
+        src.key_by("key").aggregate({"n": ("value", "count")}, name="counts", parallelism=2)
+        job = streamlb.run(src, client=client, balancer="autoflow")
+        job.wait()
+        dump(job.state("counts"))
+        cl.scale(1)
+        client.wait_for_workers(1)
+        deadline = time.time() + 15
+        while len(client.scheduler_info()["workers"]) > 1 and time.time() < deadline:
+            time.sleep(0.1)
+        print("WORKERS %d" % len(client.scheduler_info()["workers"]), flush=True)
+        try:
+            job.state("counts")
+            print("ANSWERED", flush=True)
+        except streamlb.JobReleasedError as exc:
+            print("RELEASED " + str(exc), flush=True)
+        client.close()
+        cl.close()
+        print("CLOSED", flush=True)
+    """)
+    r = _run(prog)
+    assert r.returncode == 0, r.stderr[-4000:]
+    _quiet(r.stderr)
+    assert _state(r.stdout) == _expected_counts()
+    assert "WORKERS 1" in r.stdout and "CLOSED" in r.stdout
+    assert any(ln.startswith("RELEASED ") and "retired" in ln for ln in r.stdout.splitlines()), r.stdout
