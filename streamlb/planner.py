@@ -253,16 +253,24 @@ class _Planner:
         st.children = self.children(n, st)
 
     def children(self, n: Stream, stage: Stage) -> list[Step]:
-        return [self.step(d, stage) for d in n.downstreams if d is not None]
+        out: list[Step] = []
+        for d in n.downstreams:
+            if isinstance(d, nodes.key_by):
+                self.one_upstream(d)
+                out.extend(self.keyed(d, stage))
+            elif d is not None:
+                out.append(self.step(d, stage))
+        return out
 
-    def step(self, n: Stream, stage: Stage) -> Step:
+    def one_upstream(self, n: Stream) -> None:
         if len([u for u in n.upstreams if u is not None]) > 1:
             raise PipelineError(
                 f"node {n} joins several streams; streamlb supports one upstream per node "
                 f"(supported nodes: {SUPPORTED})"
             )
-        if isinstance(n, nodes.key_by):
-            return self.keyed(n, stage)
+
+    def step(self, n: Stream, stage: Stage) -> Step:
+        self.one_upstream(n)
         if isinstance(n, nodes.rebalance):
             st = self.new_stage(
                 name=self.unique_name(None, "rebalance"), kind="rebalance",
@@ -296,14 +304,24 @@ class _Planner:
                             children=self.children(n, stage), name=n.name)
         raise PipelineError(f"node {type(n).__name__} is not supported by streamlb; supported nodes: {SUPPORTED}")
 
-    def keyed(self, kb: nodes.key_by, stage: Stage) -> Step:
+    def keyed(self, kb: nodes.key_by, stage: Stage) -> list[Step]:
+        """One keyed exchange per operator that reads ``kb``: each is its own stage with
+        its own routing table, and the upstream router hashes the key once per operator
+        (docs/user-guide.md, "One keyed stream, several operators")."""
         downs = [d for d in kb.downstreams if d is not None]
-        if len(downs) != 1 or not isinstance(downs[0], (nodes.aggregate, nodes.stateful_map)):
-            raise PipelineError(
-                f"key_by({kb.key_name!r}) must be followed by exactly one aggregate or stateful_map, "
-                f"found {[type(d).__name__ for d in downs]}"
-            )
-        op = downs[0]
+        label = f"key_by({kb.key_name!r})"
+        if not downs:
+            raise PipelineError(f"{label} is followed by nothing; put .aggregate(...) or .stateful_map(...) after it")
+        for d in downs:
+            if not isinstance(d, (nodes.aggregate, nodes.stateful_map)):
+                raise PipelineError(
+                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate and stateful_map "
+                    "operators (any number of them): put other nodes before key_by or after the operator"
+                )
+        return [self.keyed_operator(kb, op, stage) for op in downs]
+
+    def keyed_operator(self, kb: nodes.key_by, op: nodes.aggregate | nodes.stateful_map, stage: Stage) -> Step:
+        """The stage of keyed operator ``op`` and the exchange into it from ``stage``."""
         kind = type(op).__name__
         name = self.unique_name(op.op_name, kind)
         key = _ship(kb.key, name) if callable(kb.key) else kb.key
