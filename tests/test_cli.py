@@ -1,7 +1,9 @@
 """`streamlb demo --rescale`: a live 2 -> 6 rescale, its plot, and the final state against pandas."""
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,3 +33,26 @@ def test_demo_rescale_rejects_a_bad_spec():
         r = subprocess.run([sys.executable, "-m", "streamlb.cli", "demo", "--rescale", bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--rescale" in r.stderr, (bad, r.stderr)
+
+
+@pytest.mark.spark
+def test_ctrl_c_during_the_demo_stops_its_job_and_exits_130(zipf_path, tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "streamlb.cli", "demo", "--data", zipf_path, "--rate", "20000",
+                          "--plot", str(tmp_path / "demo.png")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        for line in p.stdout:
+            if "open-loop source at" in line:       # the first job runs
+                break
+        time.sleep(2.0)
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-3000:]
+    assert took < 10, took
+    assert "interrupted" in err and "Traceback" not in err, err[-3000:]
+    assert not (tmp_path / "demo.png").exists()
