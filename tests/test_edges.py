@@ -135,16 +135,23 @@ def paced_log(tmp_path_factory):
     return str(path)
 
 
-def test_interpreter_exits_while_a_job_runs(tmp_path, paced_log):
+@pytest.mark.parametrize("where", ["embedded", "address"])
+def test_interpreter_exits_while_a_job_runs(tmp_path, paced_log, where):
+    """Never stopped: the exit hook stops the job (on the cluster ``run`` started, or on a
+    LocalCluster the program left open) before Dask closes the clusters."""
     prog = _program(tmp_path, """
         import time
         src = Stream.from_parquet(sys.argv[1], rate=20_000)
         src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
-        job = streamlb.run(src, n_workers=2, balancer="autoflow")
-        time.sleep(1.0)
+        if sys.argv[2] == "embedded":
+            job = streamlb.run(src, n_workers=2, balancer="autoflow", checkpoint=sys.argv[3])
+        else:
+            cl = LocalCluster(n_workers=2, processes=True, dashboard_address=":0")
+            job = streamlb.run(src, address=cl.scheduler_address, balancer="autoflow", checkpoint=sys.argv[3])
+        time.sleep(1.5)
         print("LEAVING " + job.status, flush=True)
     """)
-    r = _run(prog, paced_log)
+    r = _run(prog, paced_log, where, str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr[-4000:]
     assert "LEAVING running" in r.stdout
     _quiet(r.stderr)
