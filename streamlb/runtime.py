@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -58,14 +60,30 @@ METRIC_COLUMNS = [
 IMBALANCE_COLUMNS = ["window_start", "applied", "routed", "planned", "floor", "records", "batches", "epoch"]
 
 
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c():
+    """Worker processes started meanwhile ignore SIGINT (a disposition a child inherits):
+    Ctrl-C in a terminal reaches the whole process group, and the embedded cluster's
+    workers must outlive it until the driver has stopped the job and closes them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _connect(address: str | None, n_workers: int | None):
     from distributed import Client, LocalCluster
 
     if address is None:
-        cluster = LocalCluster(
-            n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
-            processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
-        )
+        with _workers_ignore_ctrl_c():
+            cluster = LocalCluster(
+                n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
+                processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
+            )
         return Client(cluster), cluster
     timeout = config.seconds("connect-timeout")
     try:
@@ -450,8 +468,6 @@ class Job:
     def _interrupted(self) -> None:
         """Ctrl-C in :meth:`wait`: stop the job now, its uncommitted outputs removed (a second
         Ctrl-C meanwhile is held off until it is done, so nothing is left half stopped)."""
-        import signal
-
         logger.info("job %s: interrupted; stopping it", self.id)
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None

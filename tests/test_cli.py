@@ -1,4 +1,5 @@
 """`streamlb demo --rescale`: a live 2 -> 6 rescale, its plot, and the final state against pandas."""
+import os
 import re
 import signal
 import subprocess
@@ -39,14 +40,15 @@ def test_demo_rescale_rejects_a_bad_spec():
 def test_ctrl_c_during_the_demo_stops_its_job_and_exits_130(zipf_path, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "streamlb.cli", "demo", "--data", zipf_path, "--rate", "20000",
                           "--plot", str(tmp_path / "demo.png")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         start_new_session=True)
     try:
         for line in p.stdout:
             if "open-loop source at" in line:       # the first job runs
                 break
         time.sleep(2.0)
         t0 = time.time()
-        p.send_signal(signal.SIGINT)
+        os.killpg(p.pid, signal.SIGINT)        # as a terminal's Ctrl-C: to the whole group
         _, err = p.communicate(timeout=30)
         took = time.time() - t0
     finally:

@@ -166,8 +166,10 @@ def test_ctrl_c_during_wait_stops_the_job_and_removes_outputs(tmp_path, paced_lo
         print("RUNNING", flush=True)
         job.wait(progress=True)
     """)
+    # its own process group, which gets the SIGINT as from a terminal's Ctrl-C: the
+    # program and the worker processes of its embedded cluster alike
     p = subprocess.Popen([sys.executable, prog, paced_log, str(out)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert p.stdout.readline().strip() == "RUNNING"
         staged = out / "_temporary"
@@ -177,7 +179,7 @@ def test_ctrl_c_during_wait_stops_the_job_and_removes_outputs(tmp_path, paced_lo
         assert staged.is_dir() and any(staged.iterdir()), "the job wrote no part file to interrupt"
         time.sleep(1.0)
         t0 = time.time()
-        p.send_signal(signal.SIGINT)
+        os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=DEADLINE)
         took = time.time() - t0
     finally:
