@@ -13,6 +13,8 @@ window, the plugin merges them into a :class:`~streamlb.balancer.LoadReport`, as
 balancer for a plan and carries it out with the job's migration strategy — one migration in
 flight per keyed exchange, after a cool-down, at most ``max_groups`` key groups per epoch.
 A plan or report that does not fit is refused, recorded, and the job keeps its routing.
+The RPC handlers (``streamlb_*``) are declared with ``_commands.command``, which checks every
+argument before the handler runs and answers a ``CommandError`` for a command that does not fit.
 
 State (routing tables, epochs, moves, load) is served as JSON at ``/streamlb/state.json`` on
 the scheduler's HTTP server.
@@ -32,6 +34,9 @@ from .. import _observe as observe
 from .. import config
 from .._observe._totals import count_dead_letters, count_report, forget
 from ..balancer import check_plan, complete_plan, get_balancer
+from ..exceptions import CommandError
+from . import _commands as cmd
+from ._commands import Default, command
 from ._control import JobControl, actor_caller, table_from_state, table_state
 from ._epochs import check_strategy, migrate
 from ._reports import Window, pack_trace, plan_actions, report_entry
@@ -93,23 +98,7 @@ class BalancerPlugin(SchedulerPlugin):
         self.window = config.seconds("window", self.window)
         self.cooldown = config.seconds("balancer.cooldown", self.cooldown)
         self.max_groups = int(config.get("balancer.max-groups", self.max_groups))
-        scheduler.handlers.update({
-            "streamlb_register_job": self.register_job,
-            "streamlb_unregister_job": self.unregister_job,
-            "streamlb_migrate": self.migrate_handler,
-            "streamlb_split": self.split_handler,
-            "streamlb_routing": self.routing_handler,
-            "streamlb_history": self.history_handler,
-            "streamlb_state": self.state_handler,
-            "streamlb_trace": self.trace_handler,
-            "streamlb_hold": self.hold_handler,
-            "streamlb_release": self.release_handler,
-            "streamlb_pause": self.pause_handler,
-            "streamlb_resume": self.resume_handler,
-            "streamlb_topology": self.topology_handler,
-            "streamlb_set_table": self.set_table_handler,
-            "streamlb_autoscale": self.autoscale_handler,
-        })
+        scheduler.handlers.update(cmd.handlers(self))      # the methods declared with @command
         scheduler.stream_handlers["streamlb-load"] = self.receive_load
         app = getattr(scheduler, "http_application", None)
         if app is not None:
@@ -123,12 +112,15 @@ class BalancerPlugin(SchedulerPlugin):
                 t.cancel()
 
     # -- jobs ------------------------------------------------------------------------------------
-    def register_job(self, job: str, topology: dict, balancer: str | None = None,
-                     options: dict | None = None, migration: str | None = None) -> dict:
-        self.jobs[job] = _Job(topology, balancer or self.balancer, options or {}, migration or self.migration)
+    @command("streamlb_register_job", job=cmd.new_job, topology=cmd.topology, balancer=Default(cmd.balancer),
+             options=Default(cmd.options), migration=Default(cmd.strategy))
+    def register_job(self, job: str, topology: dict, balancer: str, options: dict,
+                     migration: str | None = None) -> dict:
+        self.jobs[job] = _Job(topology, balancer, options, migration or self.migration)
         return {"balancer": self.jobs[job].balancer_name, "migration": self.jobs[job].migration,
                 "window": self.window}
 
+    @command("streamlb_unregister_job", job=cmd.job)
     def unregister_job(self, job: str) -> None:
         j = self.jobs.pop(job, None)
         if j is not None:
@@ -138,7 +130,7 @@ class BalancerPlugin(SchedulerPlugin):
 
     def _job(self, job: str) -> _Job:
         if job not in self.jobs:
-            raise KeyError(f"streamlb: no job {job!r} is registered with the balancer plugin")
+            raise CommandError(f"streamlb: no job {job!r} is registered with the balancer plugin")
         return self.jobs[job]
 
     async def _migrate(self, job: _Job, operator: str, assignment: dict, strategy: str, reconfig: bool = False):
@@ -146,23 +138,26 @@ class BalancerPlugin(SchedulerPlugin):
                              fluid_step=config.get("migration.fluid-step"),
                              timeout=config.seconds("migration.timeout"), reconfig=reconfig)
 
+    @command("streamlb_migrate", job=cmd.job, operator=cmd.operator, assignment=cmd.assignment,
+             strategy=Default(cmd.strategy), reconfig=Default(cmd.flag, False))
     async def migrate_handler(self, job: str, operator: str, assignment: list,
                               strategy: str | None = None, reconfig: bool = False) -> dict:
         """Manual moves (``Job.migrate``/``Job.reassign``): ``assignment`` is [[group, instance]...]."""
         j = self._job(job)
-        for g, to in assignment:
-            j.control.validate(operator, [g], to)
-        table = await self._migrate(j, operator, {int(g): int(to) for g, to in assignment},
+        table = await self._migrate(j, operator, {g: to for g, to in assignment},
                                     check_strategy(strategy or j.migration), reconfig)
         return table_state(table)
 
     # -- reconfiguration (the job's driver orders it; see streamlb._reconfig) ----------------------
+    @command("streamlb_hold", job=cmd.job, operators=cmd.operators)
     async def hold_handler(self, job: str, operators: list) -> None:
         await self._job(job).control.hold(operators)
 
+    @command("streamlb_pause", job=cmd.job, operators=cmd.operators, timeout=cmd.seconds)
     async def pause_handler(self, job: str, operators: list, timeout: float) -> None:
         await self._job(job).control.pause_moves(operators, timeout)
 
+    @command("streamlb_resume", job=cmd.job, operators=cmd.operators)
     def resume_handler(self, job: str, operators: list) -> None:
         self._job(job).control.resume_moves(operators)
 
@@ -172,9 +167,11 @@ class BalancerPlugin(SchedulerPlugin):
         if worker is not None and hasattr(self, "_call"):
             self._call.lose(worker)
 
+    @command("streamlb_release", job=cmd.job, operators=cmd.operators)
     def release_handler(self, job: str, operators: list) -> None:
         self._job(job).control.release(operators)
 
+    @command("streamlb_topology", job=cmd.job, topology=cmd.topology)
     def topology_handler(self, job: str, topology: dict) -> dict:
         """New peers of ``job``; answers the routing table of each keyed operator."""
         j = self._job(job)
@@ -183,16 +180,19 @@ class BalancerPlugin(SchedulerPlugin):
             j.windows.pop(name, None)       # windows half reported by the old instances
         return {name: table_state(op.table) for name, op in j.control.operators.items()}
 
+    @command("streamlb_autoscale", job=cmd.job, decision=cmd.decision, wanted=cmd.wanted)
     def autoscale_handler(self, job: str, decision: dict, wanted: dict) -> None:
         a = self._job(job).autoscale
         a["decisions"] = (a["decisions"] + [decision])[-100:]
         a["wanted"] = wanted
 
+    @command("streamlb_set_table", job=cmd.job, operator=cmd.operator, table=cmd.table)
     def set_table_handler(self, job: str, operator: str, table: dict) -> dict:
         c = self._job(job).control
         c.set_table(operator, table_from_state(table, c.operator(operator).table.parallelism))
         return table
 
+    @command("streamlb_split", job=cmd.job, operator=cmd.operator, changes=cmd.changes)
     async def split_handler(self, job: str, operator: str, changes: list) -> dict:
         """Manual splits (``Job.split``): ``changes`` is [[key, [helper...]]...]."""
         j = self._job(job)
@@ -200,9 +200,11 @@ class BalancerPlugin(SchedulerPlugin):
                             timeout=config.seconds("migration.timeout"))
         return table_state(table)
 
+    @command("streamlb_routing", job=cmd.job, operator=cmd.operator)
     def routing_handler(self, job: str, operator: str) -> dict:
         return table_state(self._job(job).control.operator(operator).table)
 
+    @command("streamlb_history", job=cmd.job)
     def history_handler(self, job: str) -> list:
         return self._job(job).control.history
 
@@ -210,7 +212,7 @@ class BalancerPlugin(SchedulerPlugin):
     def receive_load(self, worker=None, **msg) -> None:
         """Stream handler: must never raise, or the worker's stream would break."""
         try:
-            self._receive_load(**msg)
+            self._receive_load(**cmd.check_load(msg))
         except Exception as exc:
             self._refuse(msg.get("job"), f"malformed load report from {worker}: {type(exc).__name__}: {exc}")
 
@@ -229,13 +231,12 @@ class BalancerPlugin(SchedulerPlugin):
         if j is None:
             return                      # a job finished or registered elsewhere
         op = j.control.operator(operator)
-        win = j.windows[operator]
-        slot = win[float(window_start)]
         place, entry = report_entry(op, operator, kind, instance, records=records, batches=batches, busy=busy,
                                     queued=queued,
                                     groups=groups, counts=counts, latency_p99_ms=latency_p99_ms, final=final,
                                     hot=hot, routed=routed, latency_hist=latency_hist, parallelism=parallelism)
-        slot[place] = entry
+        win = j.windows[operator]       # only now: a refused report leaves no empty window behind
+        win[float(window_start)][place] = entry
         count_report(j, op, place, entry)
         if dead_letters:
             count_dead_letters(j, instance, dead_letters)
@@ -309,9 +310,11 @@ class BalancerPlugin(SchedulerPlugin):
             }
         return out
 
+    @command("streamlb_state")
     def state_handler(self) -> dict:
         return self.state()
 
+    @command("streamlb_trace", job=cmd.job, operator=cmd.operator)
     def trace_handler(self, job: str, operator: str) -> dict:
         """The windows kept for ``operator``, packed as .npy bytes (see ``pack_trace``)."""
         j = self._job(job)
