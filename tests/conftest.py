@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import socket
@@ -92,34 +93,64 @@ def client(request):
         yield c
 
 
+def tls_security(tls):
+    """The ``distributed.security.Security`` of a client holding ``(ca_file, cert_file, key_file)``."""
+    from distributed.security import Security
+
+    return Security(tls_ca_file=tls[0], tls_client_cert=tls[1], tls_client_key=tls[2], require_encryption=True)
+
+
+def client_refusal(address, security=None) -> tuple[type, str]:
+    """The error a ``Client`` connecting to ``address`` with ``security`` fails with, as its
+    type and message. The failed Client is collected here, with nothing else holding it:
+    its ``__del__`` takes the lock every ``Client`` start holds (``LoopRunner._lock``,
+    distributed 2026.8), so collected during the next Client's start it deadlocks it."""
+    from distributed import Client
+
+    try:
+        Client(address, timeout="3s", security=security).close()
+    except Exception as exc:
+        refusal = type(exc), str(exc)
+    else:
+        pytest.fail(f"a client with {security!r} was let in at {address}")
+    gc.collect()
+    return refusal
+
+
 @contextlib.contextmanager
-def dask_cli_cluster(scheduler_args=(), env=None, workers=2):
+def dask_cli_cluster(scheduler_args=(), env=None, workers=2, tls=None):
     """`dask scheduler` and `dask worker` processes on loopback, started as a user would.
 
+    ``tls``: ``(ca_file, cert_file, key_file)``; every process then listens on ``tls://``
+    with that certificate (``--tls-ca-file``, ``--tls-cert``, ``--tls-key``).
     Yields the scheduler address once ``workers`` workers joined.
     """
     port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
+    protocol = "tls" if tls else "tcp"
+    address = f"{protocol}://127.0.0.1:{port}"
+    tls_args = ["--tls-ca-file", tls[0], "--tls-cert", tls[1], "--tls-key", tls[2]] if tls else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **(env or {}))
     dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
     quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", ":0", *scheduler_args], **quiet)]
+    procs = [subprocess.Popen([dask, "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0", *tls_args, *scheduler_args], **quiet)]
     try:
         for _ in range(workers):
-            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                                           "--dashboard-address", ":0"], **quiet))
+            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--protocol", protocol,
+                                           "--host", "127.0.0.1", "--dashboard-address", ":0", *tls_args], **quiet))
         from distributed import Client
 
+        security = tls_security(tls) if tls else None
         deadline = time.time() + 60
         while True:
             try:
-                c = Client(address, timeout=5)
+                c = Client(address, timeout=5, security=security)
                 break
             except OSError:
                 if time.time() > deadline:
                     raise
-                time.sleep(0.5)
+            gc.collect()    # the failed Client now, not while the next one starts (see client_refusal)
+            time.sleep(0.5)
         with c:
             c.wait_for_workers(workers, timeout=60)
         yield address
