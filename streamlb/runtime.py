@@ -89,11 +89,21 @@ def _connect(address: str | None, n_workers: int | None):
     try:
         client = Client(address, timeout=timeout)
     except (OSError, TimeoutError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = None
+    if why is not None:
+        # the half-made Client, kept alive by the traceback, would be collected at some later
+        # moment: if a new Client is starting then, both wait on one lock for ever
+        # (distributed 2026.8). Collected now, and only the message kept.
+        import gc
+
+        gc.collect()
         raise SchedulerUnreachableError(
-            f"no Dask scheduler answered at {address!r} within {timeout:g}s ({exc}); start one "
+            f"no Dask scheduler answered at {address!r} within {timeout:g}s ({why}); start one "
             "with `dask scheduler` and `dask worker <address>`, or pass address=None for an "
             "embedded local cluster"
-        ) from exc
+        )
     if n_workers:
         client.wait_for_workers(n_workers, timeout=timeout)
     return client, None
