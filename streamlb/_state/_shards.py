@@ -1,16 +1,17 @@
-"""Shards of aggregate state: each holds the keys of a range of key groups."""
+"""Shards of aggregate state: each holds the keys of a range of key groups.
+
+A shard knows its owner only as a :class:`ShardOwner` (what the aggregate store offers
+its shards), so this module imports nothing of ``_aggregate``, which builds the shards.
+"""
 from __future__ import annotations
 
 import concurrent.futures
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
 from ._index import _grow, _KeyIndex
-
-if TYPE_CHECKING:
-    from ._aggregate import AggregateState
 
 # A shard is rebuilt with only its live keys once fewer than this share of its slots are
 # live, so the memory of state moved away is given back while a migration still runs.
@@ -35,6 +36,20 @@ def _cuts(held: np.ndarray, lo: int, hi: int, parts: int) -> np.ndarray:
     cum = np.cumsum(held)
     cuts = lo + 1 + np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts)
     return np.unique(np.clip(np.concatenate(([lo], cuts, [hi])), lo, hi))
+
+
+class ShardOwner(Protocol):
+    """What a shard reads of the store that owns it
+    (:class:`~streamlb._state._aggregate.AggregateState`)."""
+
+    spec: dict                      # output column -> (input column, how)
+    key_name: str
+    groups: int                     # key groups of the operator
+    hows: dict[str, set[str]]       # input column -> the aggregates kept of it
+    dtypes: dict[str, np.dtype]     # input column -> dtype of its state
+
+    def split_at(self, lo: int) -> int:
+        """Keys past which the shard starting at key group ``lo`` splits."""
 
 
 class _PendingSplit:
@@ -98,7 +113,7 @@ class _PendingSplit:
 class _AggShard:
     """The state of the keys of some key groups: a key index and one array per aggregate."""
 
-    def __init__(self, owner: "AggregateState", lo: int, hi: int) -> None:
+    def __init__(self, owner: ShardOwner, lo: int, hi: int) -> None:
         self.o = owner
         self.lo, self.hi = lo, hi                       # key groups lo..hi-1
         self.index = _KeyIndex()
@@ -278,7 +293,7 @@ class _AggShard:
             sel = which == i
             sh = _AggShard(self.o, lo, hi)
             sh.index = _KeyIndex.of_unique(self.index.dtype, self.index.keys[keep[sel]], kg[sel],
-                                            self.o.split_at(lo) + 1)
+                                           self.o.split_at(lo) + 1)
             sh.present = np.ones(int(sel.sum()), bool)
             sh.held = self.held[lo - self.lo:hi - self.lo].copy()
             for (name, c), vals in rows.items():
