@@ -305,6 +305,41 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
     return _write(sdf, path, P, "part", params, progress)
 
 
+def _nexmark_frame(ids: np.ndarray, seed: int, partitions: int, ha: int, hb: int, hs: int) -> pd.DataFrame:
+    """The NEXMark events of event ids ``ids`` (see :func:`nexmark`; ``ha``, ``hb``, ``hs``:
+    its hot auction, bidder and seller ratios)."""
+    r = _blocks(ids, seed, 3, lambda g, n: {
+        "u1": g.random(n), "u2": g.random(n), "u3": g.random(n), "u4": g.random(n),
+        "price": np.round(np.exp(g.normal(5.0, 1.0, n)), 2), "cat": g.integers(0, 10, n),
+    })
+    pos = ids % 50
+    epoch = ids // 50
+    persons = epoch + 1                      # persons seen so far (at least one)
+    auctions = epoch * 3 + np.clip(pos, 0, 3)
+    auctions = np.maximum(auctions, 1)
+    kind = np.where(pos == 0, "person", np.where(pos <= 3, "auction", "bid"))
+    hot_person = lambda u, ratio, hot: np.where(  # noqa: E731
+        u < 1 - 1 / ratio, np.maximum(persons - 1 - (hot % 10), 0), (r["u4"] * persons).astype(np.int64))
+    seller = hot_person(r["u1"], hs, (r["u2"] * 10).astype(np.int64))
+    bidder = hot_person(r["u2"], hb, (r["u3"] * 10).astype(np.int64))
+    hot_auction = np.maximum(auctions - 1 - (r["u4"] * 5).astype(np.int64), 0)
+    auction = np.where(r["u3"] < 1 - 1 / ha, hot_auction, (r["u1"] * auctions).astype(np.int64))
+    is_p, is_a, is_b = kind == "person", kind == "auction", kind == "bid"
+    own_auction = epoch * 3 + pos - 1
+    return pd.DataFrame({
+        "id": ids,
+        "event_type": kind,
+        "person_id": _masked(np.where(is_p, epoch, 0), is_p),
+        "auction_id": _masked(np.where(is_a, own_auction, auction), is_a | is_b),
+        "seller": _masked(seller, is_a),
+        "bidder": _masked(bidder, is_b),
+        "price": np.where(is_b, r["price"], np.nan),
+        "category": _masked(r["cat"], is_a),
+        "event_time": _BASE_TIME + pd.to_timedelta(ids * _STEP_US, unit="us"),
+        "part": ids % partitions,
+    })
+
+
 def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_ratio: int = 2,
             hot_bidder_ratio: int = 4, hot_seller_ratio: int = 4, progress: bool = False) -> dict:
     """Write ``events`` NEXMark-style events (person : auction : bid = 1 : 3 : 46).
@@ -347,37 +382,7 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
 
     def gen(batches):
         for pdf in batches:
-            ids = pdf["id"].to_numpy()
-            r = _blocks(ids, sd, 3, lambda g, n: {
-                "u1": g.random(n), "u2": g.random(n), "u3": g.random(n), "u4": g.random(n),
-                "price": np.round(np.exp(g.normal(5.0, 1.0, n)), 2), "cat": g.integers(0, 10, n),
-            })
-            pos = ids % 50
-            epoch = ids // 50
-            persons = epoch + 1                      # persons seen so far (at least one)
-            auctions = epoch * 3 + np.clip(pos, 0, 3)
-            auctions = np.maximum(auctions, 1)
-            kind = np.where(pos == 0, "person", np.where(pos <= 3, "auction", "bid"))
-            hot_person = lambda u, ratio, hot: np.where(  # noqa: E731
-                u < 1 - 1 / ratio, np.maximum(persons - 1 - (hot % 10), 0), (r["u4"] * persons).astype(np.int64))
-            seller = hot_person(r["u1"], hs, (r["u2"] * 10).astype(np.int64))
-            bidder = hot_person(r["u2"], hb, (r["u3"] * 10).astype(np.int64))
-            hot_auction = np.maximum(auctions - 1 - (r["u4"] * 5).astype(np.int64), 0)
-            auction = np.where(r["u3"] < 1 - 1 / ha, hot_auction, (r["u1"] * auctions).astype(np.int64))
-            is_p, is_a, is_b = kind == "person", kind == "auction", kind == "bid"
-            own_auction = epoch * 3 + pos - 1
-            yield pd.DataFrame({
-                "id": ids,
-                "event_type": kind,
-                "person_id": _masked(np.where(is_p, epoch, 0), is_p),
-                "auction_id": _masked(np.where(is_a, own_auction, auction), is_a | is_b),
-                "seller": _masked(seller, is_a),
-                "bidder": _masked(bidder, is_b),
-                "price": np.where(is_b, r["price"], np.nan),
-                "category": _masked(r["cat"], is_a),
-                "event_time": _BASE_TIME + pd.to_timedelta(ids * _STEP_US, unit="us"),
-                "part": ids % P,
-            })
+            yield _nexmark_frame(pdf["id"].to_numpy(), sd, P, ha, hb, hs)
 
     schema = ("id long, event_type string, person_id long, auction_id long, seller long, "
               "bidder long, price double, category long, event_time timestamp_ntz, part long")

@@ -40,8 +40,8 @@ def graph_of(plan, key_groups: int) -> dict:
     ops = {}
     for st in plan.stages:
         if st.kind in ("aggregate", "stateful_map"):
-            ops[st.name] = {"kind": st.kind, "key": st.key_name,
-                            "spec": {k: list(v) for k, v in sorted(st.spec.items())} if st.kind == "aggregate" else None}
+            spec = {k: list(v) for k, v in sorted(st.spec.items())} if st.kind == "aggregate" else None
+            ops[st.name] = {"kind": st.kind, "key": st.key_name, "spec": spec}
     sources = {st.name: {"kind": st.kind, "files": [os.path.abspath(f) for f in st.files],
                          "parallelism": st.parallelism, "replay": bool(st.rate and st.event_time)}
                for st in plan.stages if st.is_source}
@@ -52,7 +52,8 @@ class Checkpointer:
     """The checkpoints of one :class:`~streamlb.Job` (``url`` None: savepoints only)."""
 
     def __init__(self, job, url: str | None, interval: float | None = None) -> None:
-        from . import _storage
+        from ._files import check_compression
+        from ._manifest import checkpoint_ids
 
         self.job = job
         self.url = url
@@ -62,8 +63,8 @@ class Checkpointer:
         self.retained = int(config.get("checkpoint.retained"))
         self.timeout = config.seconds("checkpoint.timeout")
         self.compression = config.get("checkpoint.compression")
-        _storage.check_compression(self.compression)        # a bad setting fails the run, named
-        self.next_id = max(_storage.checkpoint_ids(url), default=0) + 1 if url else 1
+        check_compression(self.compression)        # a bad setting fails the run, named
+        self.next_id = max(checkpoint_ids(url), default=0) + 1 if url else 1
         self.last: dict | None = None       # the last complete checkpoint's manifest
         self.last_base: str | None = None
         self.completed_id = 0               # id of the last complete checkpoint (0: none)
@@ -85,10 +86,12 @@ class Checkpointer:
         self._thread = threading.Thread(target=self._loop, name=f"streamlb-checkpoint-{self.job.id}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """No more checkpoints; wait up to ``timeout`` seconds (default: a checkpoint's
+        timeout) for one under way to end."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.timeout + 5)
+            self._thread.join(timeout=self.timeout + 5 if timeout is None else timeout)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -120,7 +123,9 @@ class Checkpointer:
                 job._migrations.resume_moves(keyed)
 
     def _take(self, target: str | None) -> dict | None:
-        from . import _storage
+        from ._manifest import write_manifest
+        from ._paths import resolve
+        from ._retention import retain
 
         job = self.job
         self.collect_late()
@@ -145,6 +150,51 @@ class Checkpointer:
             if isinstance(f, Exception):
                 raise f
             f.result(timeout=self.timeout)
+        acks, errors = self._await_acks(cid, full, target, actors, stages)
+        for ack in acks.values():
+            if ack.get("segment"):
+                self.stage_outputs(ack["segment"], label=cid)
+            if ack.get("error"):
+                errors.append(ack["error"])
+        if errors:
+            self.failures += 1
+            self.force_full = True
+            logger.warning("job %s: checkpoint %d failed (%d so far): %s", job.id, cid, self.failures, errors[0])
+            return None
+        manifest = self._manifest(cid, full, target, acks, t0)
+        name = "." if target else f"chk-{cid:06d}"
+        manifest["base"] = "." if target else ".."
+        try:
+            write_manifest(url, name, manifest)
+        except Exception as exc:
+            self.failures += 1
+            self.force_full = True
+            logger.warning("job %s: checkpoint %d: the manifest could not be written: %s", job.id, cid, exc)
+            return None
+        done = time.time()
+        self.rows.append({"id": cid, "kind": "savepoint" if target else "checkpoint", "epoch": manifest["epoch"],
+                          "started": t0, "completed": done, "duration": done - t0,
+                          "bytes_written": manifest["bytes_written"], "bytes_referenced": manifest["bytes_referenced"],
+                          "keys": manifest["keys"], "full": full, "path": resolve(url)[1]})
+        # a savepoint's snapshot reset what changed since the last checkpoint: the next writes all
+        self.force_full = target is not None
+        if target is None:
+            self.last, self.last_base = manifest, resolve(url)[1]
+            self.completed_id = cid
+            retain(url, self.retained)
+        self.commit()
+        for k, a in actors.items():
+            a.forget_checkpoint(cid)
+        logger.info("job %s: %s %d complete in %.3f s (%d bytes written, %d referenced)", job.id,
+                    "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
+                    manifest["bytes_referenced"])
+        return manifest
+
+    def _await_acks(self, cid: int, full: bool, target: str | None, actors: dict,
+                    stages: dict) -> tuple[dict, list]:
+        """The acknowledgements of checkpoint ``cid`` by every instance of ``actors``, and the
+        errors of those that failed or did not answer in time (each noted as late)."""
+        job = self.job
         # the instances wait longer than this does: a stuck one is asked what it waits for
         futs = {k: a.await_checkpoint(cid, full, self.timeout + 30, target) for k, a in actors.items()}
         acks, errors = {}, []
@@ -173,44 +223,7 @@ class Checkpointer:
                     self.late.append((k, cid, actors[k]))   # its outputs of this checkpoint are still to collect
                 break
             time.sleep(0.005)
-        for ack in acks.values():
-            if ack.get("segment"):
-                self.stage_outputs(ack["segment"], label=cid)
-            if ack.get("error"):
-                errors.append(ack["error"])
-        if errors:
-            self.failures += 1
-            self.force_full = True
-            logger.warning("job %s: checkpoint %d failed (%d so far): %s", job.id, cid, self.failures, errors[0])
-            return None
-        manifest = self._manifest(cid, full, target, acks, t0)
-        name = "." if target else f"chk-{cid:06d}"
-        manifest["base"] = "." if target else ".."
-        try:
-            _storage.write_manifest(url, name, manifest)
-        except Exception as exc:
-            self.failures += 1
-            self.force_full = True
-            logger.warning("job %s: checkpoint %d: the manifest could not be written: %s", job.id, cid, exc)
-            return None
-        done = time.time()
-        self.rows.append({"id": cid, "kind": "savepoint" if target else "checkpoint", "epoch": manifest["epoch"],
-                          "started": t0, "completed": done, "duration": done - t0,
-                          "bytes_written": manifest["bytes_written"], "bytes_referenced": manifest["bytes_referenced"],
-                          "keys": manifest["keys"], "full": full, "path": _storage.resolve(url)[1]})
-        # a savepoint's snapshot reset what changed since the last checkpoint: the next writes all
-        self.force_full = target is not None
-        if target is None:
-            self.last, self.last_base = manifest, _storage.resolve(url)[1]
-            self.completed_id = cid
-            _storage.retain(url, self.retained)
-        self.commit()
-        for k, a in actors.items():
-            a.forget_checkpoint(cid)
-        logger.info("job %s: %s %d complete in %.3f s (%d bytes written, %d referenced)", job.id,
-                    "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
-                    manifest["bytes_referenced"])
-        return manifest
+        return acks, errors
 
     def _stuck(self, actor, cid: int) -> str:
         """What an instance that did not acknowledge says of checkpoint ``cid`` (for the log)."""
