@@ -50,6 +50,8 @@ def _track(job: "Job") -> None:
         _exit_hook = True
 
 
+_ENDED = {"done": "had finished", "failed": "had failed", "stopped": "was stopped"}
+
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
     "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
@@ -366,20 +368,27 @@ class Job:
                 futs.append((k, a.poll()))
             except Exception as exc:    # Dask already knows the actor's worker is gone
                 self._unreachable(k, exc)
-        out = []
+        out, late, failure = [], False, None
+        deadline = None if timeout is None else time.time() + timeout
         for k, f in futs:
             try:
-                r = f.result(timeout=timeout)
+                r = f.result(timeout=None if deadline is None else max(deadline - time.time(), 0.01))
             except TimeoutError:
-                raise
+                late = True             # the others' answers are still taken: they hold outputs
+                continue
             except Exception as exc:
-                self._unreachable(k, exc)
+                failure = failure or (k, exc)
+                continue
             r["key"] = k
             if r["status"] == "retired":      # retired by a rescale meanwhile: absorbed there
                 continue
             out.append(r)
         for r in out:
             self._take_outputs(r)
+        if failure is not None:
+            self._unreachable(*failure)
+        if late:
+            raise TimeoutError(f"job {self.id}: an instance did not answer a poll within {timeout:g}s")
         self._last = out
         return out
 
@@ -409,11 +418,21 @@ class Job:
             Seconds; raise ``TimeoutError`` (the job keeps running) when exceeded.
         progress : bool
             Show a progress bar of source records.
+
+        Ctrl-C (``KeyboardInterrupt``) while it waits stops the job and removes its
+        uncommitted outputs before the interrupt goes on.
         """
         if self.status == "done":
             return self
         if self.error is not None:
             raise self.error
+        try:
+            return self._wait(timeout, progress)
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
+
+    def _wait(self, timeout: float | None, progress: bool) -> Job:
         deadline = None if timeout is None else time.time() + timeout
         interval = config.seconds("poll-interval")
         bar = None
@@ -456,9 +475,6 @@ class Job:
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"job {self.id} still running after {timeout}s")
                 time.sleep(interval)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -473,6 +489,7 @@ class Job:
         self.status = "done"
         if self.autoscaler is not None:
             self.autoscaler.stop()
+        self._migrations.snapshot(config.seconds("stop-timeout"))     # readable once the cluster is gone
         return self
 
     def _interrupted(self) -> None:
@@ -552,9 +569,10 @@ class Job:
     def stop(self) -> None:
         """Stop every instance and release the cluster if ``run`` started it.
 
-        Never hangs: each call to the scheduler or to the instances waits at most the
-        setting ``streamlb.stop-timeout``; a job whose scheduler or workers are gone stops
-        locally (one line at INFO says so). Outputs of a job stopped before it finished are
+        Never hangs: the calls to the scheduler and to the instances wait at most the
+        setting ``streamlb.stop-timeout`` in all (and closing the cluster ``run`` started as
+        long again); a job whose scheduler or workers are gone stops locally (one line at
+        INFO says so). Outputs of a job stopped before it finished are
         not committed: ``to_parquet`` files not yet committed are removed.
         """
         if self._closed:
@@ -562,21 +580,26 @@ class Job:
         self._closed = True
         _live_jobs.discard(self)
         timeout = config.seconds("stop-timeout")
-        for part in (self.autoscaler, self.checkpointer):
-            if part is not None:
-                part.stop()
-        gone = self.cluster_gone()
-        self._drainer.close()
-        self._migrations.close(timeout=0 if gone else timeout)
+        deadline = time.time() + timeout
+        left = lambda: max(deadline - time.time(), 0.05)     # noqa: E731
         running = self.status == "running"
         if running:
-            self.status = "stopped"
-            self._remove_uncommitted()
+            self.status = "stopped"         # the checkpoint and autoscaling threads end at once
+        for part in (self.autoscaler, self.checkpointer):
+            if part is not None:
+                part.stop(timeout=left())
+        gone = self.cluster_gone()
+        self._drainer.close()
+        self._migrations.close(timeout=0 if gone else left())
         if gone:
             self._forget_actors()
+        else:
+            self._release_actors(timeout=left())
+        if running:
+            self._remove_uncommitted()      # once no instance writes any more
+        if gone:
             logger.info("job %s %s locally: %s", self.id, "stopped" if running else "released", gone)
         else:
-            self._release_actors(timeout=timeout)
             logger.info("job %s %s", self.id, "finished" if self.status == "done" else self.status)
         if self._owns_client:
             self._close_client(timeout)
@@ -593,12 +616,10 @@ class Job:
             return "its cluster was closed"
         return None
 
-    def _scheduler_closing(self) -> None:
+    def scheduler_closed(self) -> None:
         """The scheduler said it closes (see ``_reconfig._retire``): what is left of the job
-        stops locally, and a client the job made closes now, before it would try to reconnect."""
+        stops locally."""
         self._gone = "its scheduler closed"
-        if self._owns_client and self.client.status == "running":
-            self.client.loop.add_callback(self.client._close, fast=True)
 
     def _release_actors(self, keys=None, timeout: float = 5.0) -> None:
         """Stop the instances ``keys`` (all by default), waiting at most ``timeout`` seconds
@@ -642,7 +663,15 @@ class Job:
         if not keys:
             return
         self._released.update(workers & {self.workers_of[k] for k in keys})
-        self._release_actors(keys, timeout=config.seconds("stop-timeout"))
+        timeout = config.seconds("stop-timeout")
+        deadline = time.time() + timeout
+        for k in keys:                  # their load windows stay in Job.metrics()
+            try:
+                self._retired_metrics.extend(self.actors[k].metrics().result(
+                    timeout=max(deadline - time.time(), 0.05)))
+            except Exception:
+                pass
+        self._release_actors(keys, timeout=max(deadline - time.time(), 0.05))
         logger.info("job %s (%s): released %d instances on retiring workers %s", self.id, self.status,
                     len(keys), ", ".join(sorted(self._released)))
 
@@ -919,15 +948,15 @@ class Job:
     # -- results ---------------------------------------------------------------------------------
     def _stage_actors(self, name: str):
         st = self.plan.stage(name)
-        missing = [i for i in range(st.parallelism) if (st.id, i) not in self.actors]
-        if missing or self.cluster_gone():
+        actors = [self.actors.get((st.id, i)) for i in range(st.parallelism)]     # a drain may let go meanwhile
+        if None in actors or self.cluster_gone():
             raise JobReleasedError(self._released_reason(st.name))
-        return st, [self.actors[(st.id, i)] for i in range(st.parallelism)]
+        return st, actors
 
     def _released_reason(self, operator: str) -> str:
         if self._released:
             why = (f"its workers are gone: the instances on {', '.join(sorted(self._released))} were released "
-                   f"when those workers retired after the job {self.status}")
+                   f"when those workers retired after the job {_ENDED.get(self.status, self.status)}")
         elif self.cluster_gone():
             why = f"its workers are gone ({self.cluster_gone()})"
         else:

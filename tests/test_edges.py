@@ -109,8 +109,11 @@ def test_client_and_cluster_closed_before_the_job_stops(tmp_path):
         job = streamlb.run(src, client=client, balancer="autoflow")
         job.wait()
         dump(job.state("counts"))
+        seen = (len(job.imbalance("counts")), len(job.history), sorted(job.balancer_state()))
         client.close()
         cl.close()
+        after = (len(job.imbalance("counts")), len(job.history), sorted(job.balancer_state()))
+        print("KEPT %s" % (after == seen and seen[0] > 0), flush=True)
         try:
             job.state("counts")
         except streamlb.JobReleasedError as exc:
@@ -121,6 +124,7 @@ def test_client_and_cluster_closed_before_the_job_stops(tmp_path):
     _quiet(r.stderr)
     assert _state(r.stdout) == _expected_counts()
     assert any(ln.startswith("RELEASED ") and "workers are gone" in ln for ln in r.stdout.splitlines())
+    assert "KEPT True" in r.stdout, r.stdout        # what the driver held stays readable
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +153,16 @@ def test_interpreter_exits_while_a_job_runs(tmp_path, paced_log, where):
             cl = LocalCluster(n_workers=2, processes=True, dashboard_address=":0")
             job = streamlb.run(src, address=cl.scheduler_address, balancer="autoflow", checkpoint=sys.argv[3])
         time.sleep(1.5)
-        print("LEAVING " + job.status, flush=True)
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("streamlb.job").setLevel(logging.INFO)
+        print("LEAVING " + job.id + " " + job.status, flush=True)
     """)
     r = _run(prog, paced_log, where, str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "LEAVING running" in r.stdout
+    job, status = r.stdout.split("LEAVING ")[1].split()
+    assert status == "running"
+    assert f"job {job} stopped" in r.stderr, r.stderr[-3000:]      # by the exit hook
     _quiet(r.stderr)
 
 
@@ -203,12 +212,14 @@ def test_a_held_finished_job_lets_the_cluster_scale_down_and_close(tmp_path):
         job = streamlb.run(src, client=client, balancer="autoflow")
         job.wait()
         dump(job.state("counts"))
+        windows = len(job.metrics())
         cl.scale(1)
         client.wait_for_workers(1)
         deadline = time.time() + 15
         while len(client.scheduler_info()["workers"]) > 1 and time.time() < deadline:
             time.sleep(0.1)
         print("WORKERS %d" % len(client.scheduler_info()["workers"]), flush=True)
+        print("METRICS %s" % (len(job.metrics()) >= windows > 0), flush=True)
         try:
             job.state("counts")
             print("ANSWERED", flush=True)
@@ -222,5 +233,5 @@ def test_a_held_finished_job_lets_the_cluster_scale_down_and_close(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     _quiet(r.stderr)
     assert _state(r.stdout) == _expected_counts()
-    assert "WORKERS 1" in r.stdout and "CLOSED" in r.stdout
+    assert "WORKERS 1" in r.stdout and "CLOSED" in r.stdout and "METRICS True" in r.stdout, r.stdout
     assert any(ln.startswith("RELEASED ") and "retired" in ln for ln in r.stdout.splitlines()), r.stdout

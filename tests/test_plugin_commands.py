@@ -291,8 +291,29 @@ def test_malformed_commands_are_refused_and_the_job_stays_exact(source):
             moved = job.migrate("agg", mine, 2, strategy="all-at-once")
             assert moved.epoch == table["epoch"] + 1 and set(moved.owners[mine].tolist()) == {2}
             assert job.routing("agg").owners.tolist() == moved.owners.tolist()
+            # what the autoscaler records of a failed step (no operator) is a valid decision
+            client.sync(client.scheduler.streamlb_autoscale, job=jid, callback_timeout=10,
+                        decision={"operator": None, "status": "failed", "reason": "test"}, wanted={})
             helper = (home_of_5 + 1) % N    # key 5 split over a helper and merged back
             assert job.split("agg", 5, [helper]).splits == ((5, (helper,)),)
             assert job.split("agg", 5, []).splits == ()
             job.wait(timeout=120)
             pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
+
+
+def test_split_keys_of_every_type_the_hash_takes_are_accepted():
+    """Integers, strings and booleans (``Job.split`` takes keys of a bool-keyed aggregate);
+    anything else is refused by name."""
+    from streamlb._migration._commands import Call, _split_key
+    from streamlb._migration._control import OperatorControl
+    from streamlb.exceptions import CommandError
+    from streamlb.routing import RoutingTable
+
+    call = Call(None, "streamlb_split")
+    call.op = OperatorControl("agg", [["w", "a"]], [["w", "r"]], RoutingTable.initial(G, 1))
+    for key in (5, np.int64(5), "k", True, np.bool_(False)):
+        expect = int(assign_to_key_group(np.asarray([key]), G)[0])
+        assert _split_key(call, "changes", key) == expect
+    for bad in (1.5, None, b"x", [1]):
+        with pytest.raises(CommandError, match="changes"):
+            _split_key(call, "changes", bad)

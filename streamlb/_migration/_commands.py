@@ -240,9 +240,10 @@ def assignment(call: Call, arg: str, value) -> list[list[int]]:
 
 
 def _split_key(call: Call, arg: str, key) -> int:
-    """The key group of a split key (an int or a string, as the hot keys of a report)."""
-    if not (_is_int(key) or isinstance(key, str)):
-        raise call.refuse(arg, f"split key {show(key)} is neither an integer nor a string")
+    """The key group of a split key (an int, a string or a boolean: the key types the hash
+    and ``Job.split`` take)."""
+    if not (_is_int(key) or isinstance(key, (str, bool, np.bool_))):
+        raise call.refuse(arg, f"split key {show(key)} is not an integer, a string or a boolean")
     try:
         return key_group_of(key, call.op.table.key_groups, call.op.name)
     except MigrationError as exc:
@@ -418,7 +419,8 @@ def decision(call: Call, arg: str, value) -> dict:
         if k in value and not _is_real(value[k]):
             raise call.refuse(arg, f"{k!r} must be a time in seconds, got {show(value[k])}")
     for k in ("operator", "status", "kind"):
-        if k in value and not isinstance(value[k], str):
+        # a failed step names no operator (None): recorded as it is
+        if k in value and not isinstance(value[k], str) and not (k == "operator" and value[k] is None):
             raise call.refuse(arg, f"{k!r} must be a string, got {show(value[k])}")
     return value
 

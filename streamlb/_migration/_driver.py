@@ -7,6 +7,7 @@ holds one of them and never asks which.
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -99,6 +100,10 @@ class Control(ABC):
         """The job stops: keep what is needed to answer :meth:`history` afterwards, asking
         the coordinator for at most ``timeout`` seconds (0: it is gone, ask nothing)."""
 
+    def snapshot(self, timeout: float) -> None:
+        """The job finished: keep what :meth:`history` and :meth:`balancer_state` answer, so
+        they still answer once the cluster is gone (asking at most ``timeout`` seconds)."""
+
     def note_autoscale(self, decision: dict, wanted: dict) -> None:
         """An autoscaling decision (shown by the plugin's state where there is one)."""
 
@@ -190,8 +195,11 @@ class PluginControl(Control):
     def routing(self, operator: str) -> RoutingTable:
         return self._table(operator, self._ask("streamlb_routing", operator=operator))
 
+    def _reachable(self) -> bool:
+        return not self._closed and self.client.status == "running"
+
     def history(self) -> list[dict]:
-        if not self._closed:
+        if self._reachable():
             self._history = [_lists(e) for e in self._ask("streamlb_history")]
         return self._history
 
@@ -237,9 +245,9 @@ class PluginControl(Control):
         return self._table(operator, state)
 
     def balancer_state(self) -> dict:
-        if self._closed:
-            return self._state             # as the plugin had it when the job stopped
-        return self._plugin_state(None)
+        if self._reachable():
+            self._state = self._plugin_state(None)
+        return self._state             # else as the plugin had it when the job finished or stopped
 
     def _plugin_state(self, timeout: float | None) -> dict:
         state = self.client.sync(self.client.scheduler.streamlb_state, callback_timeout=timeout)
@@ -252,13 +260,22 @@ class PluginControl(Control):
     def note_autoscale(self, decision: dict, wanted: dict) -> None:
         self._ask("streamlb_autoscale", decision=decision, wanted=wanted)
 
+    def snapshot(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        try:
+            self._history = [_lists(e) for e in self._ask("streamlb_history", _timeout=timeout)]
+            self._state = self._plugin_state(max(deadline - time.time(), 0.05))
+        except Exception:       # the scheduler is gone or slow: keep what was known
+            pass
+
     def close(self, timeout: float | None = None) -> None:
-        if timeout != 0:
+        if timeout != 0 and self._reachable():
+            deadline = time.time() + (timeout or 0)
+            self.snapshot(timeout)
             try:
-                self._history = self._ask("streamlb_history", _timeout=timeout)
-                self._state = self._plugin_state(timeout)
-                self._ask("streamlb_unregister_job", _timeout=timeout)
-            except Exception:       # the scheduler is gone or slow: keep what was known
+                self._ask("streamlb_unregister_job", _timeout=None if timeout is None
+                          else max(deadline - time.time(), 0.05))
+            except Exception:
                 pass
         self._closed = True
 

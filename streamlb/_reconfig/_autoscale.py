@@ -38,10 +38,10 @@ class Autoscaler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.window):

@@ -30,7 +30,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 logger = logging.getLogger("streamlb.retire")
 
 NAME = "streamlb-retire-guard"
-RETIRING, RETIRED, CLOSING = "streamlb-retiring", "streamlb-retired", "streamlb-closing"
+RETIRING, RETIRED = "streamlb-retiring", "streamlb-retired"
+CLOSING, CLOSING_SEEN = "streamlb-closing", "streamlb-closing-seen"
 
 
 def _job_of(key) -> str | None:
@@ -49,6 +50,7 @@ class RetireGuard(SchedulerPlugin):
     def __init__(self, timeout: float = 300.0) -> None:
         self.timeout = timeout
         self.pending: dict[str, tuple[asyncio.Future, set, dict]] = {}
+        self.closing: tuple[set, asyncio.Event] | None = None       # clients yet to acknowledge, all did
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -56,8 +58,21 @@ class RetireGuard(SchedulerPlugin):
         scheduler.retire_workers = self._wrap(scheduler.retire_workers)
 
     async def before_close(self) -> None:
+        """Tell the jobs' clients the scheduler closes, and wait (2 s at most) until each
+        has taken it in: a client that learns it from its closed comm would try to reconnect."""
+        waiting = set(self._subscribers(CLOSING))
+        if not waiting:
+            return
+        self.closing = (waiting, asyncio.Event())
         self.scheduler.log_event(CLOSING, {"scheduler": self.scheduler.address})
-        await asyncio.sleep(0.1)        # the event reaches the clients before their comms are closed
+        try:
+            await asyncio.wait_for(self.closing[1].wait(), 2.0)
+        except asyncio.TimeoutError:
+            logger.info("streamlb: clients %s did not acknowledge that the scheduler closes", sorted(waiting))
+
+    def _subscribers(self, topic: str) -> set:
+        topics = getattr(getattr(self.scheduler, "_broker", None), "_topics", {})
+        return set(topics[topic].subscribers) if topic in topics else set()
 
     def _resolve(self, workers, names, kw) -> list[str]:
         s = self.scheduler
@@ -70,8 +85,7 @@ class RetireGuard(SchedulerPlugin):
         return list(s.workers_to_close(**{**kw, "attribute": "address"}))
 
     def _listening(self) -> bool:
-        topics = getattr(getattr(self.scheduler, "_broker", None), "_topics", {})
-        return RETIRING in topics and bool(topics[RETIRING].subscribers)
+        return bool(self._subscribers(RETIRING))
 
     def _wrap(self, original):
         @functools.wraps(original)
@@ -116,6 +130,12 @@ class RetireGuard(SchedulerPlugin):
                            f"{', '.join(addrs)} after their drivers released them; retirement refused")
 
     def log_event(self, topic, msg) -> None:
+        if topic == CLOSING_SEEN and self.closing is not None and isinstance(msg, dict):
+            waiting, done = self.closing
+            waiting.discard(msg.get("client"))
+            if not waiting:
+                done.set()
+            return
         if topic != RETIRED or not isinstance(msg, dict) or msg.get("id") not in self.pending:
             return
         fut, waiting, replies = self.pending[msg["id"]]
@@ -140,9 +160,22 @@ def _dispatch(client_id: int, event) -> None:
         d.on_event(event)
 
 
-def _closing(client_id: int, event) -> None:
-    for d in list(_DRAINERS.get(client_id, {}).values()):
-        d.job._scheduler_closing()
+async def _closing(client_id: int, event) -> None:
+    """The scheduler closes: this client's jobs stop locally; the scheduler hears that the
+    client took it in; then a client a job made closes, before its comm is closed under it
+    (runs on the client's event loop, which reads nothing else meanwhile)."""
+    jobs = [d.job for d in list(_DRAINERS.get(client_id, {}).values())]
+    if not jobs:
+        return
+    for job in jobs:
+        job.scheduler_closed()
+    client = jobs[0].client
+    try:
+        await asyncio.wait_for(client.scheduler.log_event(topic=CLOSING_SEEN, msg={"client": client.id}), 1.0)
+    except Exception:
+        pass
+    if any(job._owns_client for job in jobs) and client.status == "running":
+        asyncio.ensure_future(client._close(fast=True))
 
 
 class Drainer:
@@ -185,12 +218,12 @@ class Drainer:
         reply = {"id": msg["id"], "job": job.id, "ok": True}
         try:
             retiring = list(msg["retiring"])
-            if job.status != "running":     # nothing to drain: let its instances go
-                job.release_workers(retiring)
             for w in retiring:
                 done = job.reconfig.drain_worker(w, exclude=retiring)
                 self.moves.extend(done)
                 job._reconfigs.extend(done)
+            if job.status != "running":     # nothing to drain (or it finished meanwhile): let them go
+                job.release_workers(retiring)
         except Exception as exc:
             logger.warning("streamlb: job %s could not drain %s: %s", job.id, msg.get("retiring"), exc)
             reply.update(ok=False, error=f"job {job.id}: {exc}")
