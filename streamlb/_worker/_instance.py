@@ -2,7 +2,10 @@
 
 The actor is its RPC surface and a dispatch over typed messages; the work is done by its
 parts (``_channels``, ``_align``, ``_sources``, ``_steps``, ``_sinks``, ``_exchange``,
-``_operators``, ``_metrics`` and the owner side of migrations). All data-path methods are
+``_operators``, ``_metrics`` and the owner side of migrations). RPCs of one concern are
+mixed in from the module named for it: ``_epochs`` (the epoch protocol of migrations),
+``_reads`` (what the driver reads), ``_reconfig`` (live reconfiguration) and
+``_checkpoint`` (checkpoints). All data-path methods are
 ``async`` so they run on the worker's event loop: an instance can call another one on the
 same worker without the deadlock that synchronous actor methods (one shared thread) give.
 """
@@ -15,30 +18,29 @@ import traceback
 
 import pandas as pd
 
-from .. import config
 from .._migration._owner import OwnerSide
 from .._state import make_store
-from ..exceptions import PipelineError, StreamlbError
+from ..exceptions import StreamlbError
 from ..planner import Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._checkpoint import Checkpointed, CheckpointSide
 from ._channels import Inbox, Numbered, OutChannel, Peer
+from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
                         Marker, Partial, PeerEnd)
 from ._metrics import CostServer, Metrics
 from ._operators import make_operator
+from ._reads import Readable
 from ._reconfig import Reconfigurable
 from ._sinks import Sinks
 from ._sources import Source
 from ._steps import DeadLetters, StepRunner
 from ._tasks import Tasks
 
-_ENDED = ("done", "failed", "stopped")
 
-
-class Instance(Reconfigurable, Checkpointed):
+class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
     """One parallel instance of a stage.
 
     ``upstream_instances``: how many instances of the upstream stage send here, or their
@@ -131,7 +133,7 @@ class Instance(Reconfigurable, Checkpointed):
             self.started_at, self.records_out = resume["started_at"], resume["records_out"]
             if resume.get("ended"):     # replaces a source that had ended: nothing to emit
                 self.finished_at, self.eos_sent, self.status = resume["finished_at"], True, "done"
-                self.source.offsets.update(resume["offsets"])
+                self.source.ended_offsets = dict(resume["offsets"])
                 return
         self.tasks.run(self.meter.ticker(), guarded=False)
         self.tasks.run(self._run_source(epoch0 or self.started_at, resume) if self.source else self._process_loop())
@@ -146,6 +148,12 @@ class Instance(Reconfigurable, Checkpointed):
         self.error = exc
         self.tasks.cancel()
         self.sinks.abort()
+
+    async def stop(self) -> None:
+        self.tasks.cancel()
+        if self.status not in ("done", "failed", "retired"):
+            self.status = "stopped"
+            self.sinks.abort()
 
     async def _run_source(self, epoch0: float, resume: dict | None = None) -> None:
         await self.source.run(epoch0, resume)
@@ -178,9 +186,9 @@ class Instance(Reconfigurable, Checkpointed):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
-        if (self.status in _ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
+        if (self.status in ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
             return          # this one finishes (no sibling is waited for any more): nothing to apply
-        if self.status in _ENDED:
+        if self.status in ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
             raise StreamlbError(f"instance {self.label} is {self.status}: it cannot take "
                                 f"{env.msg.kind!r} from instance {env.sender} (message {env.seq}, run {env.run}; "
@@ -311,61 +319,6 @@ class Instance(Reconfigurable, Checkpointed):
         self.tasks.cancel()
         await self.ckpt.flush()     # a checkpoint that aligned meanwhile: of the final state
 
-    # -- the epoch protocol (see streamlb._migration) -------------------------------------------
-    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
-                        flush: bool = False) -> float:
-        """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
-        switched, marked = await self.exchanges[target].set_table(table, prefetch)
-        if flush and marked and self.source is not None:
-            self.source.flush_due.set()
-        return switched
-
-    async def fetch_keys(self, epoch: int, dest: int, keys, groups, router: int, request: int) -> None:
-        await self.owner.fetch_keys(epoch, dest, keys, groups, router, request)
-
-    async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
-                      incoming: dict[int, int], flush: list[int] = (), armed: bool = True) -> None:
-        """Be told ahead what ``epoch`` moves here (see ``OwnerSide.prepare``)."""
-        if self.finishing or self.status in _ENDED:
-            state = self.status if self.status != "running" else "finishing"
-            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
-        self.owner.prepare(epoch, strategy, outgoing, incoming, flush, armed)
-
-    async def arm(self, epoch: int) -> None:
-        """Every owner accepted ``epoch``: give its groups once aligned (``OwnerSide.arm``)."""
-        self.owner.arm(epoch)
-        self._wake.set()
-
-    async def abort(self, epoch: int) -> None:
-        """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
-        self.owner.abort(epoch)
-        self._wake.set()        # a finishing owner may have been waiting only for this epoch
-
-    async def forget(self, epoch: int, target: int | None = None) -> None:
-        """``epoch`` is recorded: drop it as an owner or, with ``target``, as that stage's router."""
-        if target is None:
-            self.owner.forget(epoch)
-        else:
-            self.exchanges[target].forget(epoch)
-
-    async def wait_epoch(self, epoch: int, wait: float) -> dict:
-        """:meth:`epochs`, once ``epoch`` is done here or after ``wait`` seconds."""
-        await self.owner.wait_done(epoch, wait)
-        return await self.epochs()
-
-    async def epochs(self) -> dict:
-        return {**self.owner.status(), "status": self.status, "finishing": self.finishing}
-
-    async def pause(self) -> None:      # the pause-and-resume baseline: sources hold back
-        self.source.gate.clear()
-
-    async def resume(self) -> None:
-        self.source.gate.set()
-
-    async def idle(self) -> bool:
-        """Nothing queued, held or in flight from this instance."""
-        return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
-
     def release_deferred(self) -> None:
         """Rows (and sibling messages) that waited for a marker or a checkpoint go first again;
         those of senders still held wait again, in order."""
@@ -376,43 +329,3 @@ class Instance(Reconfigurable, Checkpointed):
             self.ctl.ready.extendleft(reversed(self.ctl_deferred))
             self.ctl_deferred.clear()
         self._wake.set()
-
-    # -- driver-facing ----------------------------------------------------------------------------
-    def poll(self) -> dict:
-        """Status and figures; outputs too, unless the job checkpoints (then each
-        checkpoint's acknowledgement carries them, see ``Checkpointed.seal``)."""
-        staged = self.sinks.staged
-        return {"status": self.status, "error": self.error, "lists": {} if staged else self.sinks.take_lists(),
-                "records_in": self.records_in, "records_out": self.records_out,
-                "started_at": self.started_at, "finished_at": self.finished_at,
-                "offsets": dict(self.source.offsets) if self.source else {},
-                "dead_letters": [] if staged else self.dead.take(),
-                "offered_rate": self.source.offered_rate if self.source else None,
-                "lag": self.source.lag if self.source else 0.0}
-
-    def metrics(self) -> list[dict]:
-        return list(self.meter.rows)
-
-    def key_kind(self) -> str | None:
-        """dtype kind of the keys of an aggregate (split keys must match it); None before any."""
-        return self.store.key_kind() if self.stage.kind == "aggregate" else None
-
-    def state_size(self) -> int:
-        return len(self.store) if self.store is not None else 0
-
-    async def group_keys(self, groups: list[int]) -> list[int]:
-        """Keys held here of each of ``groups`` (on the loop, where the store changes)."""
-        return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
-
-    async def state(self) -> pd.DataFrame:
-        """The keyed state held here, once no merging lazy move is half done (no key counted twice)."""
-        if self.store is None:
-            raise PipelineError(f"{self.stage.name!r} holds no keyed state")
-        await self.owner.merged(config.seconds("migration.timeout"), lambda: self.status == "running")
-        return self.store.frame()
-
-    async def stop(self) -> None:
-        self.tasks.cancel()
-        if self.status not in ("done", "failed", "retired"):
-            self.status = "stopped"
-            self.sinks.abort()

@@ -1,4 +1,10 @@
-"""Sources: read a stage's Parquet files (or items), pace them at ``rate``, replay event time.
+"""The source side of an instance: the runtime of the source seam, the same for every source.
+
+A source stage's reader (a :class:`~streamlb._sources.SplitReader`, by the stage's kind, see
+:mod:`streamlb._sources`) opens the instance's splits and hands out batches tagged by their
+split. :class:`Source` does the rest: pacing at ``rate``, event-time replay, the flush a lazy
+epoch asks for, pausing and handing over between two batches, checkpoint barriers, the
+position of what was *emitted* per split (not read ahead) and the watermark input.
 
 Reading and slicing run in a thread one batch ahead, so Parquet decoding (which releases
 the GIL) never stalls the worker's event loop, where every instance runs.
@@ -9,20 +15,30 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from ..exceptions import PipelineError
+from .._sources import Split, SplitReader, event_times, open_reader
+
+
+class _Slice(NamedTuple):
+    """What an event-time replay emitted once a batch is out: every row before ``until``,
+    and of each split rows up to event time ``maxima[split]``."""
+
+    until: float
+    maxima: dict
 
 
 class Source:
     """The source side of one instance. ``emit(batch, emitted)`` runs the stage's steps on a
-    batch; ``offsets`` (file -> rows read) is shared with the instance's poll."""
+    batch; the stage's reader is opened when the stream starts (:meth:`run`)."""
 
     def __init__(self, stage, index: int, emit: Callable[[pd.DataFrame, float], Awaitable[None]]) -> None:
         self.stage, self.index, self.emit = stage, index, emit
-        self.offsets: dict[str, int] = {}
+        self.reader: SplitReader | None = None
+        self.ended_offsets: dict = {}           # offsets of a source this one replaced once ended
         self.gate = asyncio.Event()             # cleared: paused (the pause-and-resume baseline)
         self.gate.set()
         self.flush_due = asyncio.Event()        # send the rows already due now
@@ -34,8 +50,9 @@ class Source:
         self.offered_rate: float | None = None
         self.lag = 0.0
         # what was emitted, for a replacement to go on from (see :meth:`position`)
-        self.emitted: dict[str, int] = {}       # rows per file (files read in order)
-        self.rows = 0                           # rows in all (iterable sources)
+        self.emitted: dict = {}                 # split -> its position after the rows emitted
+        self.rows = 0                           # rows in all
+        self.max_times: dict[str, float] = {}   # split -> largest event time emitted (watermark input)
         self.replayed_until: float | None = None    # event time every slice before was emitted
         self.t0, self.sent = 0.0, 0
         self.parked = asyncio.Event()           # waiting at a closed gate, between two batches
@@ -70,59 +87,100 @@ class Source:
             for w in waits:
                 w.cancel()
 
+    @property
+    def offsets(self) -> dict:
+        """What ``Job.offsets()`` reports: rows read so far per file."""
+        return self.reader.offsets() if self.reader is not None else dict(self.ended_offsets)
+
     def position(self) -> dict:
         """Where the stream is, once parked: a replacement started with it emits exactly
-        the rows this one has not."""
-        return {"files": dict(self.emitted), "rows": self.rows, "replayed_until": self.replayed_until,
-                "t0": self.t0, "sent": self.sent, "epoch0": self.epoch0}
+        the rows this one has not. The splits' positions are saved as the reader says."""
+        out = {"files": {}, "rows": self.rows, "replayed_until": self.replayed_until,
+               "t0": self.t0, "sent": self.sent, "epoch0": self.epoch0}
+        if self.reader is not None:
+            out.update(self.reader.save([Split(s, p) for s, p in self.emitted.items()]))
+        return out
+
+    def watermark_input(self) -> dict[str, float]:
+        """The largest event time emitted of each split (-inf before its first row; every
+        split is there from when it was opened); empty without an event-time column."""
+        return dict(self.max_times)
 
     async def run(self, epoch0: float, resume: dict | None = None) -> None:
         """Emit the stream; ``resume``: a :meth:`position` of the instance this one replaces."""
         st = self.stage
         self.epoch0 = epoch0
-        per_instance = self.paced_rate()
+        self.reader = open_reader(st, self.index)
         self.replaying = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
         resume = resume or {}
-        if self.replaying:
-            batches = self._replay_batches(resume.get("replayed_until"))
+        splits = self.reader.splits_at(resume)
+        self.emitted = {s.split_id: s.position for s in splits}
+        if st.event_time:
+            self.max_times = dict.fromkeys(self.emitted, -np.inf)
+        if self.replaying:      # every split is read again from its start, and sliced by time
+            splits = self.reader.splits_at({})
+            batches = self._replay_batches([s.split_id for s in splits], resume.get("replayed_until"))
         else:
-            batches = ((b, None, f) for b, f in self._source_batches(resume.get("files", {}), resume.get("rows", 0)))
-        self.emitted = dict(resume.get("files", {}))
+            batches = self._polled()
         self.rows = resume.get("rows", 0)
         self.replayed_until = resume.get("replayed_until")
+        per_instance = self.paced_rate()
         loop = asyncio.get_running_loop()
-        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
+        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
         try:
-            await self.emit_all(loop, reader, iter(batches), per_instance, resume.get("t0"), resume.get("sent", 0))
+            await loop.run_in_executor(thread, self.reader.add_splits, splits)
+            await self.emit_all(loop, thread, iter(batches), per_instance, resume.get("t0"), resume.get("sent", 0))
         finally:
-            reader.shutdown(wait=False, cancel_futures=True)
+            thread.shutdown(wait=False, cancel_futures=True)
+
+    def _polled(self):
+        """``(batch, None, split)`` as the reader hands them out."""
+        while (b := self.reader.poll()) is not None:
+            yield b.frame, None, b.split_id
+
+    def _fetched(self, split: str):
+        """The batches of one split (an event-time replay interleaves the splits itself)."""
+        while (frame := self.reader.fetch(split)) is not None:
+            yield frame
 
     def paced_rate(self) -> float | None:
         """Records/s this instance emits at with ``rate=`` (not replaying): its share of
-        ``rate`` by the rows of its files, so that the instances keep the job's rate
+        ``rate`` by the rows of its splits, so that the instances keep the job's rate
         together and finish together however unequal their files (an equal share would
         leave the instance with the larger files emitting alone, at half the rate, at the
         end)."""
         st = self.stage
         if not st.rate:
             return None
-        mine = sum(st.file_rows.get(f, 0) for f in st.assignment[self.index]) if st.assignment else 0
+        mine = self.reader.total_rows()
         if not mine or not st.total_rows:
             return st.rate / st.parallelism
         return st.rate * mine / st.total_rows
 
     def _emitted(self, batch, mark) -> None:
+        """``batch`` is out; ``mark``: the split it came from, if one."""
         self.rows += len(batch)
         if isinstance(mark, str):
-            self.emitted[mark] = self.emitted.get(mark, 0) + len(batch)
+            self.emitted[mark] = self.reader.advance(self.emitted[mark], len(batch))
+            if self.max_times and len(batch):
+                top = float(event_times(batch[self.stage.event_time]).max())
+                self.max_times[mark] = max(self.max_times[mark], top)
 
-    async def emit_all(self, loop, reader, batches, per_instance, t0: float | None = None, sent: int = 0) -> None:
+    def _replayed(self, mark: _Slice) -> None:
+        self.replayed_until = mark.until
+        for split, top in mark.maxima.items():
+            self.max_times[split] = max(self.max_times.get(split, -np.inf), top)
+
+    async def emit_all(self, loop, thread, batches, per_instance, t0: float | None = None, sent: int = 0) -> None:
+        """Emit ``batches``, items ``(batch, due, mark)`` read in ``thread`` one ahead: at
+        ``due`` (wall time; None: at ``per_instance`` records/s from ``t0``, or at once);
+        ``mark`` is the batch's split, or a replay's :class:`_Slice`."""
         t0 = time.time() if t0 is None else t0
         self.t0 = t0
         last_due = self.epoch0 if self.replaying else t0
-        ahead = loop.run_in_executor(reader, next, batches, None)
+        ahead = loop.run_in_executor(thread, next, batches, None)
         while (item := await ahead) is not None:
-            ahead = loop.run_in_executor(reader, next, batches, None)
+            ahead = loop.run_in_executor(thread, next, batches, None)
             batch, due, mark = item
             n = len(batch)
             if self.barriers:
@@ -167,14 +225,14 @@ class Source:
                 self._emitted(batch, mark)
             self.sent = sent
             if self.replaying:
-                self.replayed_until = mark
+                self._replayed(mark)
 
     def rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
         """How many of ``batch``'s first rows are due by now: by their event time mapped to
         wall time when replaying, else at ``per_instance`` records/s from ``t0``."""
         now = time.time()
         if self.replaying:
-            walls = self._replay_wall(_times(batch[self.stage.event_time]))
+            walls = self._replay_wall(event_times(batch[self.stage.event_time]))
             return int(np.searchsorted(walls, now, side="right"))
         return int(min(max(np.floor((now - t0) * per_instance) - sent, 0), len(batch)))
 
@@ -184,102 +242,42 @@ class Source:
         lo, hi = st.time_range
         return self.epoch0 + (t - lo) / (hi - lo) * (st.total_rows / st.rate)
 
-    def _replay_batches(self, start: float | None = None):
+    def _replay_batches(self, splits: list[str], start: float | None = None):
         """Replay on one clock shared by every instance: the event-time span of the whole log
-        maps onto the wall time it takes at ``rate``. Each step takes, from every owned file,
-        the rows of the next slice of event time (about ``batch_size`` rows for this
-        instance) and emits them, ordered by event time, when the slice ends. Instances
-        offset their slice boundaries by ``index / parallelism`` of a slice, so batches from
-        different sources reach an operator spread out, not all at once."""
+        maps onto the wall time it takes at ``rate``. Each step takes, from every split, the
+        rows of the next slice of event time (about ``batch_size`` rows for this instance)
+        and emits them, ordered by event time, when the slice ends. Instances offset their
+        slice boundaries by ``index / parallelism`` of a slice, so batches from different
+        sources reach an operator spread out, not all at once."""
         st = self.stage
         col = st.event_time
         lo, hi = st.time_range
         wall = st.total_rows / st.rate                      # seconds the whole log takes
         per_slice = st.batch_size / (st.rate / st.parallelism)
         step = (hi - lo) * per_slice / wall                 # event time per slice
-        heads = {f: iter(self._file_batches(f)) for f in st.assignment[self.index]}
+        heads = {s: self._fetched(s) for s in splits}
         bufs: dict[str, pd.DataFrame] = {}
         t = lo
         first = step * (1 + self.index) / st.parallelism     # the first slice is shorter
         if start is not None:       # a replacement: every slice before ``start`` was emitted
-            _slice_until(heads, bufs, col, start)
+            _slice_until(heads, bufs, col, start, {})
             t = start
         while heads or bufs:
             t_end = t + (first if t == lo else step)
-            parts = _slice_until(heads, bufs, col, t_end)
+            maxima: dict[str, float] = {}
+            parts = _slice_until(heads, bufs, col, t_end, maxima)
             if parts:
                 chunk = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
                 if len(parts) > 1:
-                    chunk = chunk.iloc[np.argsort(_times(chunk[col]), kind="stable")].reset_index(drop=True)
-                yield chunk, self._replay_wall(t_end), t_end
+                    chunk = chunk.iloc[np.argsort(event_times(chunk[col]), kind="stable")].reset_index(drop=True)
+                yield chunk, self._replay_wall(t_end), _Slice(t_end, maxima)
             t = t_end
 
-    def _file_batches(self, f: str):
-        import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(f)
-        for rb in pf.iter_batches(batch_size=self.stage.batch_size, columns=self.stage.columns, use_threads=False):
-            df = rb.to_pandas(use_threads=False)
-            self.offsets[f] = self.offsets.get(f, 0) + len(df)
-            yield df
-
-    def _source_batches(self, skip: dict | None = None, skip_rows: int = 0):
-        """``(batch, file)`` in the order they are emitted (``file`` None for items);
-        ``skip``/``skip_rows``: rows a replaced instance already emitted, per file / in all."""
-        st = self.stage
-        skip = skip or {}
-        if st.kind == "iterable_source":
-            for df in iterable_batches(st.items, st.batch_size, st.name):
-                if skip_rows >= len(df):
-                    skip_rows -= len(df)
-                    continue
-                yield (df.iloc[skip_rows:].reset_index(drop=True) if skip_rows else df), None
-                skip_rows = 0
-            return
-        import pyarrow.parquet as pq
-
-        # Like a consumer of several log partitions, read all owned files at once: next from
-        # the file furthest behind in proportion, so files that cover the same time span
-        # advance through it together (each file is still read in order).
-        # With an event-time column, the file whose next batch starts earliest goes first.
-        readers, total, ahead = {}, {}, {}
-        for f in st.assignment[self.index]:
-            pf = pq.ParquetFile(f)
-            total[f] = max(pf.metadata.num_rows, 1)
-            readers[f] = _skipping(pf.iter_batches(batch_size=st.batch_size, columns=st.columns,
-                                                   use_threads=False), skip.get(f, 0))
-            self.offsets[f] = skip.get(f, 0)
-        while readers or ahead:
-            for f in [f for f in readers if f not in ahead]:
-                rb = next(readers[f], None)
-                if rb is None:
-                    del readers[f]
-                else:
-                    ahead[f] = rb.to_pandas(use_threads=False)
-            if not ahead:
-                break
-            if st.event_time:
-                f = min(ahead, key=lambda name: (_as_seconds(ahead[name][st.event_time].iloc[0]), name))
-            else:
-                f = min(ahead, key=lambda name: (self.offsets[name] / total[name], name))
-            df = ahead.pop(f)
-            self.offsets[f] += len(df)
-            yield df, f
-
-
-def _skipping(batches, rows: int):
-    """Record batches without their first ``rows`` rows."""
-    for rb in batches:
-        if rows >= rb.num_rows:
-            rows -= rb.num_rows
-            continue
-        yield rb.slice(rows) if rows else rb
-        rows = 0
-
-
-def _slice_until(heads: dict, bufs: dict, col: str, t_end: float) -> list[pd.DataFrame]:
-    """From every file (its batch iterator in ``heads``, what is left of its current batch
-    in ``bufs``), the rows before event time ``t_end``; exhausted files are dropped."""
+def _slice_until(heads: dict, bufs: dict, col: str, t_end: float, maxima: dict) -> list[pd.DataFrame]:
+    """From every split (its batch iterator in ``heads``, what is left of its current batch
+    in ``bufs``), the rows before event time ``t_end``; exhausted splits are dropped.
+    ``maxima`` gets the largest event time taken of each split."""
     parts = []
     for f in list(heads) + [f for f in bufs if f not in heads]:
         while True:
@@ -291,47 +289,13 @@ def _slice_until(heads: dict, bufs: dict, col: str, t_end: float) -> list[pd.Dat
                     bufs.pop(f, None)
                     break
                 buf = bufs[f] = nxt
-            times = _times(buf[col])
+            times = event_times(buf[col])
             cut = int(np.searchsorted(times, t_end, side="left"))
             if cut:
                 parts.append(buf.iloc[:cut])
+                maxima[f] = max(maxima.get(f, -np.inf), float(times[:cut].max()))
             if cut < len(buf):
                 bufs[f] = buf.iloc[cut:]
                 break
             bufs[f] = buf.iloc[:0]
     return parts
-
-
-def _times(col: pd.Series) -> np.ndarray:
-    """An event-time column as float seconds."""
-    arr = col.to_numpy()
-    if arr.dtype.kind == "M":
-        return arr.astype("datetime64[ns]").astype(np.int64) / 1e9
-    return arr.astype(np.float64)
-
-
-def _as_seconds(v) -> float:
-    return pd.Timestamp(v).value / 1e9 if not isinstance(v, (int, float, np.number)) else float(v)
-
-
-def iterable_batches(items, batch_size: int, name: str):
-    """Turn the items of ``Stream.from_iterable`` into DataFrame batches."""
-    pending: list = []
-    for i, item in enumerate(items):
-        if isinstance(item, pd.DataFrame):
-            if pending:
-                yield pd.DataFrame.from_records(pending)
-                pending = []
-            yield item
-        elif isinstance(item, dict):
-            pending.append(item)
-            if len(pending) >= batch_size:
-                yield pd.DataFrame.from_records(pending)
-                pending = []
-        else:
-            raise PipelineError(
-                f"{name}: item {i} is a {type(item).__name__} ({item!r:.80}); items must be "
-                "dicts (one record each) or pandas DataFrames (one batch each)"
-            )
-    if pending:
-        yield pd.DataFrame.from_records(pending)

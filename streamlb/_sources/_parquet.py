@@ -1,0 +1,66 @@
+"""The Parquet source (``Stream.from_parquet``): one split per file.
+
+A split's id is the file's path as planned (``stage.assignment[index]`` lists the files of
+instance ``index``); its position is the rows of the file before the next one to read. A
+saved position keeps them as ``{"files": {path: rows}}``, the form checkpoints and
+savepoints have always had.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ._base import Split, SplitReader
+
+
+class ParquetReader(SplitReader):
+    """Reads the Parquet files of one source instance, ``stage.batch_size`` rows at a time
+    (only ``stage.columns``, if given), every owned file at once, like a consumer of several
+    log partitions (see :meth:`SplitReader.poll` for which goes next)."""
+
+    def __init__(self, stage, index: int) -> None:
+        super().__init__(stage, index)
+        self._batches: dict = {}            # split -> its record batches from the position on
+        self._rows: dict[str, int] = {}     # split -> rows of its file (at least 1)
+
+    def splits_at(self, saved: dict) -> list[Split]:
+        files = saved.get("files") or {}
+        return [Split(f, files.get(f, 0)) for f in self.stage.assignment[self.index]]
+
+    def save(self, splits: list[Split]) -> dict:
+        return {"files": {s.split_id: s.position for s in splits}}
+
+    def _open(self, split: Split) -> None:
+        import pyarrow.parquet as pq
+
+        st = self.stage
+        pf = pq.ParquetFile(split.split_id)
+        self._rows[split.split_id] = max(pf.metadata.num_rows, 1)
+        self._batches[split.split_id] = _skipping(
+            pf.iter_batches(batch_size=st.batch_size, columns=st.columns, use_threads=False), split.position)
+
+    def _close(self, split_id: str) -> None:
+        self._batches.pop(split_id, None)
+        self._rows.pop(split_id, None)
+
+    def read(self, split_id: str) -> pd.DataFrame | None:
+        rb = next(self._batches[split_id], None)
+        return None if rb is None else rb.to_pandas(use_threads=False)
+
+    def progress(self, split_id: str) -> float:
+        """The share of the file read: files of unequal size advance in proportion."""
+        return self._read[split_id] / self._rows[split_id]
+
+    def total_rows(self) -> int | None:
+        st = self.stage
+        mine = sum(st.file_rows.get(f, 0) for f in st.assignment[self.index]) if st.assignment else 0
+        return mine or None
+
+
+def _skipping(batches, rows: int):
+    """Record batches without their first ``rows`` rows."""
+    for rb in batches:
+        if rows >= rb.num_rows:
+            rows -= rb.num_rows
+            continue
+        yield rb.slice(rows) if rows else rb
+        rows = 0

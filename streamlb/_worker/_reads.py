@@ -1,0 +1,44 @@
+"""What the driver reads of an instance: status and figures, metrics rows, keyed state."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import config
+from ..exceptions import PipelineError
+
+
+class Readable:
+    """Mixed into :class:`~streamlb._worker._instance.Instance`."""
+
+    def poll(self) -> dict:
+        """Status and figures; outputs too, unless the job checkpoints (then each
+        checkpoint's acknowledgement carries them, see ``Checkpointed.seal``)."""
+        staged = self.sinks.staged
+        return {"status": self.status, "error": self.error, "lists": {} if staged else self.sinks.take_lists(),
+                "records_in": self.records_in, "records_out": self.records_out,
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "offsets": dict(self.source.offsets) if self.source else {},
+                "dead_letters": [] if staged else self.dead.take(),
+                "offered_rate": self.source.offered_rate if self.source else None,
+                "lag": self.source.lag if self.source else 0.0}
+
+    def metrics(self) -> list[dict]:
+        return list(self.meter.rows)
+
+    def key_kind(self) -> str | None:
+        """dtype kind of the keys of an aggregate (split keys must match it); None before any."""
+        return self.store.key_kind() if self.stage.kind == "aggregate" else None
+
+    def state_size(self) -> int:
+        return len(self.store) if self.store is not None else 0
+
+    async def group_keys(self, groups: list[int]) -> list[int]:
+        """Keys held here of each of ``groups`` (on the loop, where the store changes)."""
+        return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
+
+    async def state(self) -> pd.DataFrame:
+        """The keyed state held here, once no merging lazy move is half done (no key counted twice)."""
+        if self.store is None:
+            raise PipelineError(f"{self.stage.name!r} holds no keyed state")
+        await self.owner.merged(config.seconds("migration.timeout"), lambda: self.status == "running")
+        return self.store.frame()
