@@ -8,7 +8,7 @@ switches user functions.
 from __future__ import annotations
 
 from ..exceptions import ReconfigurationError
-from ._live import Reconfigurer, check_autoscale
+from ._live import Reconfigurer
 from ._plan import spread
 
-__all__ = ["ReconfigurationError", "Reconfigurer", "check_autoscale", "spread"]
+__all__ = ["ReconfigurationError", "Reconfigurer", "spread"]

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import config
 from .._placement import cluster_workers
-from ..exceptions import MigrationError, PipelineError, ReconfigurationError
+from ..exceptions import MigrationError, ReconfigurationError
 from ..planner import Stage
 from ..routing import RoutingTable
 from ._plan import spread
@@ -424,25 +424,3 @@ class Reconfigurer:
         e = self._update_epochs.get(st.id, 1 << 30) + 1
         self._update_epochs[st.id] = e
         return e
-
-
-def check_autoscale(job_ops: list[Stage], autoscale, key_groups: int) -> dict[str, tuple[int, int]]:
-    """``autoscale``: True (every keyed operator, 1..G) or {operator: (min, max)}."""
-    if autoscale is True:
-        return {st.name: (1, key_groups) for st in job_ops if st.exchange == "keyed"}
-    if not isinstance(autoscale, dict):
-        raise PipelineError(f"autoscale must be True or {{operator: (min, max)}}, got {autoscale!r}")
-    names = {st.name: st for st in job_ops if not st.is_source}
-    out = {}
-    for name, rng in autoscale.items():
-        if name not in names:
-            raise PipelineError(f"autoscale names operator {name!r}, which is not in the job; operators: "
-                                f"{', '.join(names)}")
-        try:
-            lo, hi = (int(x) for x in rng)
-        except (TypeError, ValueError):
-            raise PipelineError(f"autoscale[{name!r}] must be (min, max), got {rng!r}") from None
-        if not 1 <= lo <= hi <= key_groups:
-            raise PipelineError(f"autoscale[{name!r}] = {rng!r}: need 1 <= min <= max <= {key_groups} (key groups)")
-        out[name] = (lo, hi)
-    return out

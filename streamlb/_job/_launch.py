@@ -1,0 +1,119 @@
+"""What :func:`streamlb.run` does before and after it builds the :class:`~streamlb.Job`.
+
+:func:`connected` reaches the cluster (an embedded ``LocalCluster``, a scheduler's address
+or the caller's client) and closes what it started if the job does not start;
+:func:`plan_on` plans the graph on the cluster's workers and checks what needs the plan (a
+restored checkpoint fits it, the operators ``autoscale`` names exist);
+:func:`start_autoscaling` starts the autoscaler of a job that asked for one.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+
+from ..exceptions import SchedulerUnreachableError, StreamlbError
+from ._options import RunOptions
+
+__all__ = ["connected", "plan_on", "start_autoscaling", "workers_ignore_ctrl_c"]
+
+
+@contextlib.contextmanager
+def workers_ignore_ctrl_c():
+    """Worker processes started meanwhile ignore SIGINT (a disposition a child inherits):
+    Ctrl-C in a terminal reaches the whole process group, and the embedded cluster's
+    workers must outlive it until the driver has stopped the job and closes them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _connect(options: RunOptions):
+    """A client of the scheduler at ``options.address`` (no cluster), or of a new embedded
+    ``LocalCluster`` (and the cluster)."""
+    from distributed import Client, LocalCluster
+
+    address, n_workers = options.address, options.n_workers
+    if address is None:
+        with workers_ignore_ctrl_c():
+            cluster = LocalCluster(
+                n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
+                processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
+            )
+        return Client(cluster), cluster
+    timeout = options.connect_timeout
+    try:
+        client = Client(address, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = None
+    if why is not None:
+        # the half-made Client, kept alive by the traceback, would be collected at some later
+        # moment: if a new Client is starting then, both wait on one lock for ever
+        # (distributed 2026.8). Collected now, and only the message kept.
+        import gc
+
+        gc.collect()
+        raise SchedulerUnreachableError(
+            f"no Dask scheduler answered at {address!r} within {timeout:g}s ({why}); start one "
+            "with `dask scheduler` and `dask worker <address>`, or pass address=None for an "
+            "embedded local cluster"
+        )
+    if n_workers:
+        client.wait_for_workers(n_workers, timeout=timeout)
+    return client, None
+
+
+@contextlib.contextmanager
+def connected(options: RunOptions, client=None):
+    """``(client, cluster, owned)``: the caller's ``client`` (not owned, no cluster), else a
+    new client of ``options.address`` or of an embedded cluster, both closed again if the
+    block raises (the job did not start)."""
+    if client is not None:
+        yield client, None, False
+        return
+    client, cluster = _connect(options)
+    try:
+        yield client, cluster, True
+    except BaseException:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise
+
+
+def plan_on(client, node, options: RunOptions):
+    """``(workers, plan, autoscale ranges)``: the graph of ``node`` planned on the
+    cluster's workers, a restored checkpoint checked against it."""
+    from .._placement import cluster_workers
+    from ..planner import pace_batches, plan
+
+    workers = sorted(cluster_workers(client))
+    if not workers:
+        raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
+    p = plan(node, workers=len(workers), key_groups=options.key_groups, batch_size=options.batch_size,
+             parallelism=options.parallelism)
+    pace_batches(p, options.window, given=options.batch_size_given)
+    if options.restored is not None:
+        from .._checkpoint._restore import check_compatible
+
+        check_compatible(options.restored, p, options.key_groups, options.restore)
+    ranges = options.autoscale_ranges(p.stages) if options.scaling is not None else {}
+    return workers, p, ranges
+
+
+def start_autoscaling(job, options: RunOptions, ranges: dict[str, tuple[int, int]]) -> None:
+    """Start ``job``'s autoscaler over the operators ``ranges``, if there are any."""
+    if ranges:
+        from .._reconfig._autoscale import Autoscaler
+
+        job.autoscaler = Autoscaler(job, options.scaling, ranges, window=options.window)
+        job.autoscaler.start()

@@ -1,0 +1,145 @@
+"""Reading what a job computed and measured: state, metrics, imbalance, dead letters,
+offsets, the summary, the plugin's view and load traces.
+
+:class:`Results` keeps what the instances handed the driver (list-sink items and dead
+letters from each poll, the last poll's rows, the metrics of instances retired or
+released) and asks the instances, or the coordinator of the job's migrations, for the rest.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..exceptions import JobReleasedError, PipelineError, StreamlbError
+from ..planner import Stage
+
+__all__ = ["METRIC_COLUMNS", "IMBALANCE_COLUMNS", "Results", "keyed"]
+
+METRIC_COLUMNS = [
+    "operator", "instance", "worker", "window_start", "records", "busy_seconds",
+    "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
+    "split_records", "latency_hist", "batches",
+]
+
+#: Columns of :meth:`Job.imbalance`.
+IMBALANCE_COLUMNS = ["window_start", "applied", "routed", "planned", "floor", "records", "batches", "epoch"]
+
+
+def keyed(job, operator: str, only: str, error: type[StreamlbError] = PipelineError) -> Stage:
+    """The stage of ``operator`` if it is keyed; else ``error``: "... is not keyed; <only>"."""
+    st = job.plan.stage(operator)
+    if st.id not in job.tables:
+        raise error(f"operator {operator!r} is not keyed; {only}")
+    return st
+
+
+class Results:
+    """What ``job``'s instances produced and measured, and how to read it."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.last: list[dict] = []              # the rows of the last poll
+        self.dead: list[dict] = []              # dead letters
+        self.retired_metrics: list[dict] = []   # load windows of instances no longer there
+
+    def take_outputs(self, r: dict) -> None:
+        """The list-sink items and dead letters of one instance's poll answer ``r``."""
+        for sid, items in r["lists"].items():
+            self.job.plan.list_sinks[sid].extend(items)
+        self.dead.extend(r["dead_letters"])
+
+    def absorb_retired(self, key, last: dict) -> None:
+        """The last poll of a retired actor: its outputs and metrics are the job's."""
+        self.take_outputs(last)
+        checkpointer = self.job.checkpointer
+        if last.get("final") and checkpointer is not None:
+            checkpointer.stage_outputs(last["final"], label=None)
+        self.retired_metrics.extend(last.get("metrics", ()))
+
+    def _stage_actors(self, name: str):
+        job = self.job
+        st = job.plan.stage(name)
+        actors = [job.actors.get((st.id, i)) for i in range(st.parallelism)]     # a drain may let go meanwhile
+        if None in actors or job.cluster_gone():
+            raise JobReleasedError(job._release.reason(st.name))
+        return st, actors
+
+    def _keyed_state(self, operator: str):
+        st, actors = self._stage_actors(operator)
+        if st.kind not in ("aggregate", "stateful_map"):
+            raise PipelineError(f"operator {operator!r} is a {st.kind} and holds no keyed state")
+        return actors
+
+    def state(self, operator: str) -> pd.DataFrame:
+        """See :meth:`streamlb.Job.state`."""
+        parts = [f.result() for f in [a.state() for a in self._keyed_state(operator)]]
+        return pd.concat(parts).sort_index()
+
+    def state_size(self, operator: str) -> dict[int, int]:
+        """See :meth:`streamlb.Job.state_size`."""
+        return {i: f.result() for i, f in enumerate([a.state_size() for a in self._keyed_state(operator)])}
+
+    def metrics(self) -> pd.DataFrame:
+        """See :meth:`streamlb.Job.metrics`."""
+        rows = [r for f in [a.metrics() for a in list(self.job.actors.values())] for r in f.result()]
+        return pd.DataFrame(self.retired_metrics + rows, columns=METRIC_COLUMNS)
+
+    def imbalance(self, operator: str) -> pd.DataFrame:
+        """See :meth:`streamlb.Job.imbalance`."""
+        job = self.job
+        st = keyed(job, operator, "imbalance is measured between the instances of a keyed operator")
+        try:
+            entries = job._migrations.balancer_state().get("operators", {}).get(operator, {}).get("imbalance")
+        except PipelineError:           # no balancer: what the instances measured
+            entries = None
+        if entries is not None:
+            frame = pd.DataFrame(entries).rename(columns={"imbalance": "applied"})
+            frame = frame.reindex(columns=IMBALANCE_COLUMNS)
+            frame["window_start"] = pd.to_datetime(frame["window_start"], unit="s")
+            return frame.astype({"batches": "float64"}).reset_index(drop=True)
+        m = self.metrics()
+        m = m[m["operator"] == st.name]
+        rows = []
+        for ws, w in m.groupby("window_start", sort=True):
+            if len(w) < st.parallelism or w["records"].sum() <= 0:
+                continue
+            rec = w["records"].to_numpy(float)
+            rows.append({"window_start": ws, "applied": rec.max() / rec.mean(), "routed": np.nan,
+                         "planned": np.nan, "floor": np.nan, "records": rec.sum(),
+                         "batches": float(w["batches"].min()), "epoch": np.nan})
+        return pd.DataFrame(rows, columns=IMBALANCE_COLUMNS)
+
+    def load_trace(self, operator: str):
+        """See :meth:`streamlb.Job.load_trace`."""
+        job = self.job
+        return job._migrations.load_trace(
+            operator, check=lambda: keyed(job, operator, "only keyed operators have load traces"))
+
+    def summary(self) -> dict:
+        """See :meth:`streamlb.Job.summary`."""
+        job = self.job
+        rows = self.last or job._lifecycle.poll()
+        src = [r for r in rows if job.plan.stages[r["key"][0]].is_source]
+        records = sum(r["records_out"] for r in src)
+        starts = [r["started_at"] for r in src if r["started_at"]]
+        ends = [r["finished_at"] for r in rows if r["finished_at"]]
+        elapsed = (max(ends) - min(starts)) if starts and ends else float("nan")
+        return {"records": records, "seconds": elapsed,
+                "records_per_second": records / elapsed if elapsed else float("nan"),
+                "dead_letters": len(self.dead)}
+
+    def dead_letters(self) -> pd.DataFrame:
+        """See :meth:`streamlb.Job.dead_letters`."""
+        job = self.job
+        if job.status == "running" and job.actors:
+            job._lifecycle.poll()
+        return pd.DataFrame(self.dead, columns=["operator", "instance", "reason", "record"])
+
+    def offsets(self) -> dict[str, int]:
+        """See :meth:`streamlb.Job.offsets`."""
+        job = self.job
+        rows = job._lifecycle.poll() if job.status == "running" else self.last
+        out: dict[str, int] = {}
+        for r in rows:
+            out.update(r["offsets"])
+        return out
