@@ -27,6 +27,25 @@ def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int,
     return {i: workers[(i + stage.id) % len(workers)] for i in indices}
 
 
+def bound_actors(futures: dict, client) -> dict:
+    """The actors of ``futures`` (``create_instances``' futures), each bound to ``client``.
+
+    A Dask ``Actor`` binds itself to the *current* client where it is unpickled (the one
+    of an enclosing ``with Client(...)``, else the newest), which need not be the job's: its
+    calls then went through that client's scheduler. Seen: the actors of a job on a TLS
+    cluster called through another, plain-TCP cluster's scheduler, which could not reach
+    their workers; the call failed outside Dask's retry and waited for ever.
+    """
+    out = {}
+    for k, f in futures.items():
+        actor = f.result()
+        if getattr(actor, "_client", client) is not client:
+            actor._client = client
+            actor._future = f
+        out[k] = actor
+    return out
+
+
 def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], workers: list[str], *,
                      upstream, key_groups: int, window: float, credits: int,
                      where: dict[int, str] | None = None, run: int = 0) -> dict[Key, object]:

@@ -151,13 +151,20 @@ def test_a_job_on_a_tls_cluster(tls_cluster, skewed, tmp_path, monkeypatch):
 
 
 def test_address_only_reads_the_certificates_from_dask_config(tls_cluster, skewed):
+    """Also while another cluster's client is the current one (an enclosing ``with
+    Client(...)``): the job's actors are called through the job's own client. Bound to the
+    current client, as Dask binds them, their calls went through the plain cluster's
+    scheduler, which cannot reach TLS workers, and waited for ever."""
+    from distributed import Client, LocalCluster
+
     address, files = tls_cluster
     path, truth = skewed
     tls = {"distributed.comm.tls.ca-file": files[0], "distributed.comm.tls.client.cert": files[1],
            "distributed.comm.tls.client.key": files[2], "distributed.comm.require-encryption": True}
-    with dask.config.set(tls), streamlb.run(keyed_totals(path), address=address, balancer=None) as job:
-        job.wait(timeout=60)
-        pd.testing.assert_frame_equal(job.state("agg"), truth, check_dtype=False)
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as other, Client(other):
+        with dask.config.set(tls), streamlb.run(keyed_totals(path), address=address, balancer=None) as job:
+            job.wait(timeout=60)
+            pd.testing.assert_frame_equal(job.state("agg"), truth, check_dtype=False)
 
 
 def test_a_client_without_the_certificates_is_refused(tls_cluster, tmp_path):

@@ -77,7 +77,7 @@ class Lifecycle:
         if run:
             job.runs = dict.fromkeys(futures, run)
         job._futures = futures  # actors referenced only by actors would be collected
-        job.actors = {k: f.result() for k, f in futures.items()}
+        job.actors = _placement.bound_actors(futures, job.client)
         job.workers_of = _placement.wire(job.actors, job.plan.stages, job.tables, job.exchanges,
                                          report=job.balancer is not None, runs=job.runs or None)
         if job.checkpointer is not None:

@@ -131,7 +131,7 @@ class Reconfigurer:
             job.client, job.id, st, list(where), job.workers, upstream=senders, key_groups=job.key_groups,
             window=job.window, credits=job.credits, where=where, run=run)
         job._futures.update(futures)
-        actors = {k: f.result() for k, f in futures.items()}
+        actors = _placement.bound_actors(futures, job.client)
         if job.checkpointer is not None:    # they stage outputs and write snapshots like the others
             self._result([a.checkpointing(job.checkpointer.url, job.checkpointer.compression) for a in actors.values()])
         return actors
