@@ -68,9 +68,10 @@ class Release:
     def forget(self, keys=None) -> None:
         """Drop the job's references to the actors ``keys`` (all by default)."""
         job = self.job
+        reachable = self.cluster_gone() is None      # releasing a future needs its scheduler
         for k in (list(job.actors) if keys is None else keys):
             a, f = job.actors.pop(k, None), job._futures.pop(k, None)
-            if f is not None and self.cluster_gone() is None:
+            if f is not None and reachable:
                 try:
                     f.release()
                 except Exception:
