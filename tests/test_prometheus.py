@@ -107,7 +107,8 @@ def test_series_while_running_and_after(two_workers, data):
     t0 = time.time()
     with streamlb.run(src, client=two_workers, key_groups=G, window=WINDOW, balancer="static") as job:
         deadline = time.time() + 20
-        while "streamlb_records" not in (first := scrape(url, job.id))["labels"]:
+        # the imbalance gauge appears once the plugin has closed the operator's first window
+        while not {"streamlb_records", "streamlb_imbalance"} <= set((first := scrape(url, job.id))["labels"]):
             assert time.time() < deadline, "no streamlb series while the job runs"
             time.sleep(0.2)
         # a static job moves nothing by itself: one manual move and one split, counted exactly
