@@ -201,12 +201,13 @@ class _Progress:
             self.bar.close()
 
 
-def _write(sdf, path: str, partitions: int, part_col: str, params: dict, progress: bool) -> dict:
+def _write(sdf, path: str, partitions: int, part_col: str, params: dict, progress: bool,
+           order: tuple = ("event_time", "id")) -> dict:
     spark = sdf.sparkSession
     out = os.path.abspath(str(path))
     with _Progress(spark, f"writing {os.path.basename(out)}", progress):
         (sdf.repartition(partitions, part_col)
-            .sortWithinPartitions(part_col, "event_time", "id")
+            .sortWithinPartitions(part_col, *order)
             .drop("id")
             .write.mode("overwrite").partitionBy(part_col).parquet(out))
     return _manifest(out, params)
@@ -244,7 +245,7 @@ def read_manifest(path: str) -> dict:
 
 
 def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: int | None = None,
-         seed: int = 0, progress: bool = False) -> dict:
+         seed: int = 0, progress: bool = False, disorder: float = 0.0, late_fraction: float = 0.1) -> dict:
     """Write ``rows`` rows of Zipf-distributed keys as partitioned Parquet.
 
     Columns: ``key`` int64, ``value`` float64 (integers 0..999, so sums are exact),
@@ -266,6 +267,14 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
         Same seed, same files.
     progress : bool
         Show a progress bar of Spark tasks.
+    disorder : float
+        Seconds. 0 (default): every file is in event-time order. Else the log arrives out
+        of order the way NEXMark's does: a record's arrival time is one millisecond per
+        row id, and ``late_fraction`` of the records carry an event time earlier than that
+        by up to ``disorder`` seconds (uniform, in microseconds). Each file keeps arrival
+        (row id) order, so a watermark ``delay`` of ``disorder`` seconds makes no record late.
+    late_fraction : float
+        With ``disorder``: the share of records delayed (default 0.1).
 
     Returns
     -------
@@ -283,17 +292,25 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
         raise ValueError(f"skew must be >= 0, got {skew!r}")
     if drift_every is not None and drift_every < 1:
         raise ValueError(f"drift_every must be a positive integer or None, got {drift_every!r}")
+    if not (disorder >= 0 and 0 <= late_fraction <= 1):
+        raise ValueError(f"disorder must be >= 0 seconds and late_fraction in [0, 1], got {disorder!r}, "
+                         f"{late_fraction!r}")
     spark = spark_session()
     k, s, d, sd, P = int(keys), float(skew), drift_every, int(seed), int(partitions)
+    dis_us, frac = int(round(float(disorder) * 1e6)), float(late_fraction)
 
     def gen(batches):
         for pdf in batches:
             ids = pdf["id"].to_numpy()
             key = zipf_keys(ids, k, s, d, sd)
             value = _blocks(ids, sd, 2, lambda r, n: {"v": r.integers(0, 1000, n).astype(np.float64)})["v"]
+            us = ids * _STEP_US
+            if dis_us:
+                lag = _blocks(ids, sd, 3, lambda r, n: {"late": r.random(n) < frac, "d": r.integers(0, dis_us + 1, n)})
+                us = us - np.where(lag["late"], lag["d"], 0)
             yield pd.DataFrame({
                 "id": ids, "key": key, "value": value,
-                "event_time": _BASE_TIME + pd.to_timedelta(ids * _STEP_US, unit="us"),
+                "event_time": _BASE_TIME + pd.to_timedelta(us, unit="us"),
                 "part": key % P,
             })
 
@@ -302,7 +319,9 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
     sdf = spark.range(0, int(rows), 1, n_tasks).mapInPandas(gen, schema)
     params = {"kind": "zipf", "rows": int(rows), "keys": k, "skew": s, "partitions": P,
               "drift_every": d, "seed": sd}
-    return _write(sdf, path, P, "part", params, progress)
+    if dis_us:
+        params.update(disorder=float(disorder), late_fraction=frac)
+    return _write(sdf, path, P, "part", params, progress, order=("id",) if dis_us else ("event_time", "id"))
 
 
 def _nexmark_frame(ids: np.ndarray, seed: int, partitions: int, ha: int, hb: int, hs: int) -> pd.DataFrame:

@@ -71,6 +71,21 @@ class _Described(Stream):
         )
 
 
+class late_records(_Described):
+    """The late stream of a window operator (see ``late()`` of ``aggregate`` and ``apply``)."""
+
+
+class _Late:
+    """``late()``: the stream of records that came after their window was final."""
+
+    def late(self) -> late_records:
+        """Records too late for one of their windows (window operators only): one row per
+        record and window missed, with the record's columns, ``window_start``,
+        ``window_end`` and ``watermark``. Feed it any sink; without one, the same rows go
+        to the dead letters with reason ``"late"``."""
+        return late_records(self)
+
+
 @Stream.register_api(staticmethod)
 class from_parquet(Source):
     """Partitioned Parquet source: each instance owns whole files, read in order.
@@ -155,7 +170,7 @@ class key_by(_Described):
 
 
 @Stream.register_api()
-class aggregate(_Described):
+class aggregate(_Late, _Described):
     """Vectorised keyed aggregation, as pandas named aggregation.
 
     Emits, per batch applied, a DataFrame indexed by key with the current value of every
@@ -316,3 +331,6 @@ class to_parquet(Sink):
 
     def update(self, x, who=None, metadata=None):
         raise PipelineError("to_parquet runs on a Dask cluster: use streamlb.run(...)")
+
+
+from . import _nodes_time  # noqa: E402,F401  (registers with_watermark, window, apply)

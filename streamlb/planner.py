@@ -12,14 +12,20 @@ from streamz import core as sz
 from streamz import sinks as sz_sinks
 from streamz import sources as sz_sources
 
+from . import _nodes_time as _nt
+from ._plan_time import check_event_time as _check_event_time
+from ._plan_time import event_time as _event_time
 from . import nodes
 from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError
 from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
-SUPPORTED = ("from_parquet, from_iterable, key_by, aggregate, stateful_map, rebalance, map, starmap, "
-             "filter, flatten, sink, sink_to_list, to_parquet")
+SUPPORTED = ("from_parquet, from_iterable, with_watermark, key_by, aggregate, stateful_map, window, apply, "
+             "rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
+
+#: Stage kinds that hold keyed state.
+KEYED_KINDS = ("aggregate", "stateful_map", "window")
 
 
 @dataclass
@@ -43,7 +49,7 @@ class Stage:
 
     id: int
     name: str
-    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, rebalance
+    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, window, rebalance
     parallelism: int = 1
     upstream: int | None = None
     exchange: str = ""          # how records arrive: keyed or round_robin
@@ -65,7 +71,10 @@ class Stage:
     cost: float | str | None = None                 # emulated seconds per record, or its column
     shuffle: dict | None = None                     # rebalance: policy, feature, group
     key_kind: str | None = None                     # keyed from Parquet: "i", "b" or "O" (strings)
+    watermark: dict | None = None                   # a source with_watermark: column, delay, idle_timeout, unit
+    window: dict | None = None                      # window: kind, size, slide, gap, lateness, mode, column, unit
     children: list = field(default_factory=list)
+    late: list = field(default_factory=list)        # window: steps the late rows go through
 
     @property
     def is_source(self) -> bool:
@@ -258,9 +267,29 @@ class _Planner:
             if isinstance(d, nodes.key_by):
                 self.one_upstream(d)
                 out.extend(self.keyed(d, stage))
+            elif isinstance(d, nodes.late_records):
+                if stage.kind != "window":
+                    raise PipelineError(f"late() of operator {stage.name!r}: only window operators "
+                                        "(key_by(...).window(...).aggregate/apply) have a late stream")
+                stage.late.extend(self.children(d, stage))
+            elif isinstance(d, _nt.with_watermark):
+                out.append(self.watermark(d, stage))
             elif d is not None:
                 out.append(self.step(d, stage))
         return out
+
+    def watermark(self, n, stage: Stage) -> Step:
+        """``with_watermark`` in a source's stage: the step that observes event times."""
+        what = f"with_watermark({n.column!r})"
+        if not stage.is_source:
+            raise PipelineError(
+                f"{what} is in the stage of operator {stage.name!r}; put it in a source's stage, "
+                "before its first key_by or rebalance (Stream.from_parquet(...).with_watermark(...))")
+        if stage.watermark is not None:
+            raise PipelineError(f"{what}: source {stage.name!r} already has with_watermark"
+                                f"({stage.watermark['column']!r}); a source has one event-time column")
+        stage.watermark = {"column": n.column, "delay": n.delay, "idle_timeout": n.idle_timeout, "unit": n.unit}
+        return Step("watermark", children=self.children(n, stage), name=n.column)
 
     def one_upstream(self, n: Stream) -> None:
         if len([u for u in n.upstreams if u is not None]) > 1:
@@ -281,9 +310,11 @@ class _Planner:
             st.shuffle = {"policy": n.balancer, "feature": feature, "group": n.group}
             st.children = self.children(n, st)
             return Step("exchange", target=st.id)
-        if isinstance(n, (nodes.aggregate, nodes.stateful_map)):
-            label = f"{type(n).__name__} {n.op_name!r}" if n.op_name else type(n).__name__
+        if isinstance(n, (nodes.aggregate, nodes.stateful_map, _nt.window)):
+            label = f"{type(n).__name__} {n.op_name!r}" if getattr(n, "op_name", None) else type(n).__name__
             raise PipelineError(f"{label} needs a keyed input: put .key_by(column) right before it")
+        if isinstance(n, _nt.apply):
+            raise PipelineError("apply needs windows: put .key_by(column).window(...) right before it")
         if isinstance(n, nodes.to_parquet):
             self.parquet_paths.append(n.path)
             return Step("parquet_sink", path=n.path)
@@ -313,23 +344,37 @@ class _Planner:
         if not downs:
             raise PipelineError(f"{label} is followed by nothing; put .aggregate(...) or .stateful_map(...) after it")
         for d in downs:
-            if not isinstance(d, (nodes.aggregate, nodes.stateful_map)):
+            if not isinstance(d, (nodes.aggregate, nodes.stateful_map, _nt.window)):
                 raise PipelineError(
-                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate and stateful_map "
-                    "operators (any number of them): put other nodes before key_by or after the operator"
+                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate, stateful_map and "
+                    "window operators (any number of them): put other nodes before key_by or after the operator"
                 )
-        return [self.keyed_operator(kb, op, stage) for op in downs]
+        return [step for op in downs for step in (
+            self.windowed(kb, op, stage) if isinstance(op, _nt.window) else [self.keyed_operator(kb, op, stage)])]
 
-    def keyed_operator(self, kb: nodes.key_by, op: nodes.aggregate | nodes.stateful_map, stage: Stage) -> Step:
-        """The stage of keyed operator ``op`` and the exchange into it from ``stage``."""
+    def windowed(self, kb: nodes.key_by, win, stage: Stage) -> list[Step]:
+        """``key_by(...).window(...)`` followed by ``aggregate`` or ``apply``: one window
+        stage each."""
+        downs = [d for d in win.downstreams if d is not None]
+        if not downs or not all(isinstance(d, (nodes.aggregate, _nt.apply)) for d in downs):
+            raise PipelineError(
+                f"window({win.kind}) after key_by({kb.key_name!r}) must be followed by .aggregate(spec) or "
+                f".apply(func); it is followed by {', '.join(map(str, downs)) or 'nothing'}")
+        return [self.keyed_operator(kb, op, stage, window=win) for op in downs]
+
+    def keyed_operator(self, kb: nodes.key_by, op, stage: Stage, window=None) -> Step:
+        """The stage of keyed operator ``op`` (after ``window``, if given) and the exchange
+        into it from ``stage``."""
         kind = type(op).__name__
         name = self.unique_name(op.op_name, kind)
         key = _ship(kb.key, name) if callable(kb.key) else kb.key
-        func = _ship(op.func, name) if kind == "stateful_map" else None
+        func = _ship(op.func, name) if kind in ("stateful_map", "apply") else None
         st = self.new_stage(
-            name=name, kind=kind, parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
+            name=name, kind="window" if window is not None else kind,
+            parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
             upstream=stage.id, exchange="keyed", key=key, key_name=kb.key_name,
             spec=getattr(op, "spec", {}), func=func, cost=op.cost,
+            window={**window.describe(), "mode": kind} if window is not None else None,
         )
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)
@@ -353,10 +398,12 @@ def _check_columns(plan: Plan) -> None:
                     f"columns there: {', '.join(cols)}"
                 )
             cols = {c: cols[c] for c in src.columns}
+        if any(s.kind == "watermark" for s in src.children):
+            _check_event_time(src, cols)
         todo = [s for s in src.children]
         while todo:
             step = todo.pop()
-            if step.kind == "filter":
+            if step.kind in ("filter", "watermark"):
                 todo.extend(step.children)
             if step.kind != "exchange":
                 continue
@@ -423,6 +470,7 @@ def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
     ):
         raise PipelineError("the pipeline has a source but no operator or sink after it")
     result = Plan(p.stages, p.list_sinks, p.parquet_paths)
+    _event_time(result)
     _check_columns(result)
     _project(result)
     return result

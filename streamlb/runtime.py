@@ -446,6 +446,17 @@ class Job:
         """
         return self._results.dead_letters()
 
+    def watermarks(self) -> pd.DataFrame:
+        """The event-time watermark of each instance that has one (docs/windows.md).
+
+        One row per instance of a source with ``with_watermark`` and of every operator
+        after it: ``operator``, ``instance``, ``watermark`` (``datetime64[ns]``: no record
+        behind it is expected, except late ones; NaT before the first; ``Timestamp.max``
+        once its inputs ended) and ``idle`` (it holds no watermark back downstream). Integer
+        event times show as nanoseconds since the epoch.
+        """
+        return self._results.watermarks()
+
     def offsets(self) -> dict[str, int]:
         """Rows read so far from each source file."""
         return self._results.offsets()

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import config
 from ..exceptions import CheckpointError
+from ..planner import KEYED_KINDS
 
 logger = logging.getLogger("streamlb.checkpoint")
 
@@ -39,9 +40,11 @@ def graph_of(plan, key_groups: int) -> dict:
     each source's files."""
     ops = {}
     for st in plan.stages:
-        if st.kind in ("aggregate", "stateful_map"):
-            spec = {k: list(v) for k, v in sorted(st.spec.items())} if st.kind == "aggregate" else None
+        if st.kind in KEYED_KINDS:
+            spec = {k: list(v) for k, v in sorted(st.spec.items())} if st.kind != "stateful_map" else None
             ops[st.name] = {"kind": st.kind, "key": st.key_name, "spec": spec}
+            if st.window is not None:
+                ops[st.name]["window"] = {k: st.window[k] for k in ("kind", "size", "slide", "gap", "mode")}
     sources = {st.name: {"kind": st.kind, "files": [os.path.abspath(f) for f in st.files],
                          "parallelism": st.parallelism, "replay": bool(st.rate and st.event_time)}
                for st in plan.stages if st.is_source}

@@ -27,7 +27,7 @@ __all__ = ["FORMAT", "KINDS", "encode", "decode", "empty_blob"]
 #: Version of the snapshot files and manifests this package writes.
 FORMAT = 1
 
-KINDS = ("aggregate", "stateful_map")
+KINDS = ("aggregate", "stateful_map", "window")
 _TABLES = ("cnt", "sum", "min", "max")
 _META = "streamlb."
 
@@ -163,10 +163,13 @@ def _encode_aggregate(blob: dict) -> pa.Table:
     return _sorted_table("aggregate", groups, keys, state, meta, runs=blob.get("runs") if len(parts) == 1 else None)
 
 
+def _pickled(states) -> pa.Array:
+    return pa.array([cloudpickle.dumps(s) for s in states], type=pa.large_binary())
+
+
 def _encode_stateful_map(blob: dict) -> pa.Table:
     states = blob["states"]
-    pickled = pa.array([cloudpickle.dumps(s) for s in states.values()], type=pa.large_binary())
-    return _sorted_table("stateful_map", blob["key_groups"], list(states), [("state", pickled)], {})
+    return _sorted_table("stateful_map", blob["key_groups"], list(states), [("state", _pickled(states.values()))], {})
 
 
 def encode(kind: str, blob: dict) -> pa.Table:
@@ -198,6 +201,9 @@ def encode(kind: str, blob: dict) -> pa.Table:
     {'a': 1, 'b': 2}
     """
     _check_kind(kind)
+    if kind == "window":        # one pickled state per key (and per key group: its Floor), as a map's
+        return _sorted_table("window", blob["key_groups"], list(blob["states"]),
+                             [("state", _pickled(blob["states"].values()))], {})
     return _encode_aggregate(blob) if kind == "aggregate" else _encode_stateful_map(blob)
 
 

@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import JobReleasedError, PipelineError, StreamlbError
-from ..planner import Stage
+from ..planner import KEYED_KINDS, Stage
 
 __all__ = ["METRIC_COLUMNS", "IMBALANCE_COLUMNS", "Results", "keyed"]
 
 METRIC_COLUMNS = [
     "operator", "instance", "worker", "window_start", "records", "busy_seconds",
     "queued_batches", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "latency_mean_ms",
-    "split_records", "latency_hist", "batches",
+    "split_records", "latency_hist", "batches", "late_records",
 ]
 
 #: Columns of :meth:`Job.imbalance`.
@@ -66,13 +66,17 @@ class Results:
 
     def _keyed_state(self, operator: str):
         st, actors = self._stage_actors(operator)
-        if st.kind not in ("aggregate", "stateful_map"):
+        if st.kind not in KEYED_KINDS:
             raise PipelineError(f"operator {operator!r} is a {st.kind} and holds no keyed state")
         return actors
 
     def state(self, operator: str) -> pd.DataFrame:
         """See :meth:`streamlb.Job.state`."""
         parts = [f.result() for f in [a.state() for a in self._keyed_state(operator)]]
+        st = self.job.plan.stage(operator)
+        if st.kind == "window":       # the open windows, in the output's columns
+            out = pd.concat(parts, ignore_index=True)
+            return out.sort_values([st.key_name, "window_start", "window_end"], kind="stable").reset_index(drop=True)
         return pd.concat(parts).sort_index()
 
     def state_size(self, operator: str) -> dict[int, int]:
@@ -134,6 +138,23 @@ class Results:
         if job.status == "running" and job.actors:
             job._lifecycle.poll()
         return pd.DataFrame(self.dead, columns=["operator", "instance", "reason", "record"])
+
+    def watermarks(self) -> pd.DataFrame:
+        """See :meth:`streamlb.Job.watermarks`."""
+        job = self.job
+        rows = job._lifecycle.poll() if job.status == "running" else (self.last or [])
+        out = []
+        for r in rows:
+            wm = r.get("watermark")
+            if wm is None:
+                continue
+            st = job.plan.stages[r["key"][0]]
+            ns = wm["watermark_ns"]
+            out.append({"operator": st.name, "instance": r["key"][1],
+                        "watermark": pd.NaT if ns is None else pd.Timestamp(ns, unit="ns"), "idle": wm["idle"]})
+        frame = pd.DataFrame(out, columns=["operator", "instance", "watermark", "idle"])
+        return frame.astype({"watermark": "datetime64[ns]", "idle": bool}).sort_values(
+            ["operator", "instance"], kind="stable").reset_index(drop=True)
 
     def offsets(self) -> dict[str, int]:
         """See :meth:`streamlb.Job.offsets`."""

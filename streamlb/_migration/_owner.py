@@ -85,11 +85,13 @@ class OwnerSide:
             waiting[g] = m
         if incoming:
             self.store.reserve(incoming)
+        self.store.hold(epoch, [*m.outgoing, *m.incoming])
         if (m.outgoing or m.flush_to) and not m.watching:
             m.watching = True
             self.aligner.when_aligned(epoch, lambda: self._on_aligned(m))
 
     def abort(self, epoch: int) -> None:
+        self.store.unhold(epoch)
         m = self.moves.pop(epoch, None)
         if m is not None:
             for g in m.incoming:
@@ -283,6 +285,7 @@ class OwnerSide:
     # -- completion -----------------------------------------------------------------------------
     def _maybe_done(self, m: EpochMove) -> None:
         if m.done:
+            self.store.unhold(m.epoch)
             self.done.add(m.epoch)
             if (ev := self._done_events.get(m.epoch)) is not None:
                 ev.set()

@@ -48,4 +48,8 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
         return AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
     if stage.kind == "stateful_map":
         return StatefulMapState(stage.name, stage.func, stage.key_name, key_groups)
+    if stage.kind == "window":
+        from ._windows import WindowState
+
+        return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
     return None

@@ -157,6 +157,14 @@ class StateStore(abc.ABC):
         cut : the same blob, the state removed.
         """
 
+    def hold(self, epoch: int, groups) -> None:
+        """Key groups ``groups`` move (out or in) in migration ``epoch``: a store whose
+        output waits on time (windows) stops it advancing for them until :meth:`unhold`.
+        Nothing to do by default."""
+
+    def unhold(self, epoch: int) -> None:
+        """Migration ``epoch`` is done (or aborted) here. Nothing to do by default."""
+
     def release(self, blob: dict) -> None:
         """``blob``, of :meth:`snapshot`, is written and dropped: a store that lends its
         snapshots arrays it reuses gets them back. Nothing to do by default."""

@@ -24,7 +24,7 @@ from ..keygroups import assign_to_key_group
 from ..planner import Step
 from ..routing import RoutingTable
 from ._channels import OutChannel
-from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker
+from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
 from ._steps import DeadLetters, call_user
 
 
@@ -45,14 +45,21 @@ class _Exchange:
         self.spec, self.upstream, self.chans = spec, upstream, chans
         self.lock = asyncio.Lock()          # a batch, a marker or the end goes out whole
         self.ended = False
+        self.last_watermark: Watermark | None = None   # a new channel starts at it
 
     async def add_peer(self, index: int, chan: OutChannel) -> None:
         """A new instance ``index`` (after the end of stream, it is told at once)."""
         async with self.lock:
             self.chans[index] = chan
             self.resized()
-            if self.ended:
-                await chan.send(EndOfStream())
+            await self._catch_up(chan)
+
+    async def _catch_up(self, chan: OutChannel) -> None:
+        """A new channel starts at this sender's watermark (or its end of stream)."""
+        if self.ended:
+            await chan.send(EndOfStream())
+        elif self.last_watermark is not None:
+            await chan.send(self.last_watermark)
 
     async def remove_peer(self, index: int) -> None:
         """Stop sending to instance ``index``; return once nothing is in flight to it."""
@@ -69,8 +76,7 @@ class _Exchange:
             old = self.chans[index]
             await old.drain()
             self.chans[index] = chan
-            if self.ended:
-                await chan.send(EndOfStream())
+            await self._catch_up(chan)
 
     async def mark(self, epoch: int) -> None:
         """Marker(``epoch``) on every channel, between two batches."""
@@ -85,6 +91,14 @@ class _Exchange:
             if not self.ended:
                 for ch in self.chans.values():
                     await ch.send(Checkpoint(cid, full, target))
+
+    async def watermark(self, wm: Watermark) -> None:
+        """Watermark ``wm`` on every channel, between two batches."""
+        async with self.lock:
+            self.last_watermark = wm
+            if not self.ended:
+                for ch in self.chans.values():
+                    await ch.send(wm)
 
     def resized(self) -> None:
         """The set of instances changed."""

@@ -29,7 +29,7 @@ from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
-                        Marker, Partial, PeerEnd)
+                        Marker, Partial, PeerEnd, Watermark)
 from ._metrics import CostServer, Metrics
 from ._operators import make_operator
 from ._reads import Readable
@@ -38,6 +38,7 @@ from ._sinks import Sinks
 from ._sources import Source
 from ._steps import DeadLetters, StepRunner
 from ._tasks import Tasks
+from ._watermarks import Watermarks
 
 
 class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
@@ -75,7 +76,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.store = make_store(stage, key_groups)
         self.dead = DeadLetters(index)
         self.sinks = Sinks(stage.name, stage.id, index, run)
-        self.steps = StepRunner(stage.name, self.sinks, self._exchange)
+        self.watermarks = Watermarks(self)
+        self.steps = StepRunner(stage.name, self.sinks, self._exchange, self.watermarks.observe)
         self.cost = CostServer()
         self.meter = Metrics(job=job, operator=stage.name, index=index, window=window, report=False,
                              queued=lambda: len(self.inbox),
@@ -156,8 +158,12 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
             self.sinks.abort()
 
     async def _run_source(self, epoch0: float, resume: dict | None = None) -> None:
+        if self.watermarks.clock is not None:
+            self.tasks.run(self.watermarks.ticker())
         await self.source.run(epoch0, resume)
         self.source.exhausted = True        # barriers asked from now on: the source has ended
+        if self.watermarks.clock is not None:
+            await self.watermarks.source_tick()     # end of stream: +inf
         await self.source.put_barriers()
         await self._finish()
 
@@ -167,6 +173,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         t1 = time.perf_counter()
         self.meter.blocked = 0.0
         await self.steps.run(self.stage.children, batch, emitted)
+        if self.watermarks.clock is not None:
+            await self.watermarks.source_tick()
         self.meter.account(n, time.perf_counter() - t1 - self.meter.blocked, None)
 
     async def _exchange(self, target: int, x, emitted: float) -> None:
@@ -253,7 +261,10 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
                 self.ckpt.barrier(sender, msg)
             case EndOfStream():
                 self.aligner.end(sender)
+                await self.watermarks.inputs_changed()
                 self._inputs_changed()
+            case Watermark():
+                await self.watermarks.on_message(sender, msg)
             case Install():
                 await self.owner.install(msg)
             case InstallKeys():

@@ -1,7 +1,7 @@
 """Everything that crosses an actor boundary, as frozen dataclasses.
 
 Data lane (router -> owner, numbered per channel): :class:`Batch`, :class:`Marker`,
-:class:`Checkpoint`, :class:`EndOfStream`. Control lane (owner -> owner, numbered per pair,
+:class:`Checkpoint`, :class:`Watermark`, :class:`EndOfStream`. Control lane (owner -> owner, numbered per pair,
 applied ahead of the data): :class:`Install`, :class:`InstallKeys`, :class:`Partial`,
 :class:`PeerEnd`, :class:`Barrier`, :class:`CheckpointPeer`. An :class:`Envelope` carries one of them with its sender, the sender's
 incarnation (``run``) and its sequence number on that lane, so a receiver restores FIFO
@@ -68,6 +68,16 @@ class CheckpointPeer:
 
     id: int
     sender: int
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """No later record on this channel has an event time before ``time`` (int64
+    nanoseconds), unless it is late; ``idle``: the sender is idle and holds nothing back
+    until it sends again."""
+
+    time: int
+    idle: bool = False
 
 
 @dataclass(frozen=True)

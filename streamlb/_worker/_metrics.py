@@ -16,7 +16,7 @@ from .. import latency as _latency
 
 
 class _Window:
-    __slots__ = ("start", "records", "batches", "split_records", "busy", "lat", "weights")
+    __slots__ = ("start", "records", "batches", "split_records", "busy", "lat", "weights", "late")
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -26,6 +26,7 @@ class _Window:
         self.busy = 0.0
         self.lat: list[float] = []
         self.weights: list[int] = []
+        self.late = 0               # records too late for a window (window operators)
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -95,6 +96,13 @@ class Metrics:
     def _window_start(self, t: float) -> float:
         return t - (t % self.window)
 
+    def late(self, n: int) -> None:
+        """``n`` records came too late for a window (window operators)."""
+        now = time.time()
+        if now >= self.win.start + self.window:
+            self.close_window(now)
+        self.win.late += n
+
     def account(self, n: int, busy: float, latency_ms: float | None, split: int = 0) -> None:
         now = time.time()
         if now >= self.win.start + self.window:
@@ -125,6 +133,7 @@ class Metrics:
             "split_records": w.split_records,
             "latency_hist": _latency.histogram(lat, wt),
             "batches": w.batches,
+            "late_records": w.late,
         }
         self.rows.append(row)
         final = self.final()

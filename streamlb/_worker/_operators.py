@@ -54,6 +54,10 @@ class OperatorLogic:
     async def on_end(self) -> None:
         """Every input ended: an operator that buffers emits what it holds here."""
 
+    async def on_watermark(self, watermark: int) -> None:
+        """The instance's watermark rose to ``watermark`` (int64 ns): an operator that
+        waits on event time (windows) emits what is now final, before it is forwarded."""
+
     def reply(self, sender: int):
         """What the acknowledgement of a batch from ``sender`` carries back (None: nothing)."""
         return None
@@ -182,6 +186,10 @@ class Aggregate(_Keyed):
 def make_operator(ctx) -> OperatorLogic:
     """The operator logic for the instance ``ctx``'s stage."""
     kind = ctx.stage.kind
+    if kind == "window":
+        from ._window_op import WindowOperator
+
+        return WindowOperator(ctx)
     if kind == "aggregate":
         return Aggregate(ctx)
     if kind == "stateful_map":

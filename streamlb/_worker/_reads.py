@@ -20,7 +20,8 @@ class Readable:
                 "offsets": dict(self.source.offsets) if self.source else {},
                 "dead_letters": [] if staged else self.dead.take(),
                 "offered_rate": self.source.offered_rate if self.source else None,
-                "lag": self.source.lag if self.source else 0.0}
+                "lag": self.source.lag if self.source else 0.0,
+                "watermark": self.watermarks.status()}
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)

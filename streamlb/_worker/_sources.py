@@ -64,6 +64,8 @@ class Source:
         self.barrier_due = asyncio.Event()
         self.put_barrier: Callable[..., Awaitable[None]] | None = None
         self.exhausted = False                  # every row emitted (what is asked now: ended)
+        self.sending = False                    # a batch is on its way out (watermarks wait)
+        self.split_now = "_"                    # the split of that batch ("_": several, a replay)
 
     def ask_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
         """Put checkpoint ``cid``'s barrier out before the next row leaves."""
@@ -100,6 +102,23 @@ class Source:
         if self.reader is not None:
             out.update(self.reader.save([Split(s, p) for s, p in self.emitted.items()]))
         return out
+
+    def live_splits(self) -> set[str]:
+        """Splits not emitted to their end (a replay counts as one split, ``"_"``)."""
+        if self.exhausted:
+            return set()
+        if self.reader is None or self.replaying:
+            return {"_"}
+        ended, read = self.reader.idle(), self.reader.offsets()
+        return {s for s, p in self.emitted.items() if not (s in ended and p == read.get(s))}
+
+    async def _out(self, batch, emitted: float, mark) -> None:
+        """Emit ``batch`` of split ``mark`` (a replay's slice: of several)."""
+        self.sending, self.split_now = True, mark if isinstance(mark, str) else "_"
+        try:
+            await self.emit(batch, emitted)
+        finally:
+            self.sending = False
 
     def watermark_input(self) -> dict[str, float]:
         """The largest event time emitted of each split (-inf before its first row; every
@@ -211,7 +230,7 @@ class Source:
                     cut = self.rows_due(batch, t0, sent, per_instance)
                     if cut:
                         whole = False
-                        await self.emit(batch.iloc[:cut], time.time())
+                        await self._out(batch.iloc[:cut], time.time(), mark)
                         self._emitted(batch.iloc[:cut], mark)
                         batch, sent = batch.iloc[cut:].reset_index(drop=True), sent + cut
                         self.sent = sent
@@ -221,7 +240,7 @@ class Source:
                 await asyncio.sleep(0)
             sent += len(batch)
             if len(batch):          # a flush may have sent every row already
-                await self.emit(batch, emitted)
+                await self._out(batch, emitted, mark)
                 self._emitted(batch, mark)
             self.sent = sent
             if self.replaying:

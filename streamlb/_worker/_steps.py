@@ -55,8 +55,10 @@ class StepRunner:
     emitted)`` sends a batch on to the next stage."""
 
     def __init__(self, operator: str, sinks: Sinks,
-                 exchange: Callable[[int, object, float], Awaitable[None]]) -> None:
+                 exchange: Callable[[int, object, float], Awaitable[None]],
+                 observe: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> None:
         self.operator, self.sinks, self.exchange = operator, sinks, exchange
+        self.observe = observe      # a source's with_watermark step (see _watermarks)
 
     async def run(self, steps: list[Step], x, emitted: float) -> None:
         for step in steps:
@@ -81,6 +83,10 @@ class StepRunner:
                 self.sinks.write_parquet(step.path, x)
             case "exchange":
                 await self.exchange(step.target, x, emitted)
+            case "watermark":
+                x = self.observe(x)
+                if len(x):
+                    await self.run(step.children, x, emitted)
 
     async def _filter(self, step: Step, x, emitted: float) -> None:
         keep = call_user(self.operator, step, step.func, x)

@@ -1,0 +1,94 @@
+"""Event time: durations, event-time columns as integer nanoseconds, and back.
+
+Inside streamlb every event time, watermark and window boundary is an ``int64`` count of
+nanoseconds since the epoch, so window assignment is exact integer arithmetic whatever
+the column's precision. :data:`MIN_TIME` is "nothing seen yet" and :data:`MAX_TIME` the
+end of the stream.
+"""
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import pandas as pd
+
+from .exceptions import PipelineError, SchemaError
+
+MIN_TIME = np.iinfo(np.int64).min
+MAX_TIME = np.iinfo(np.int64).max
+
+#: ``unit=`` of an integer event-time column, and nanoseconds per unit.
+UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def duration_ns(value, what: str, *, positive: bool = False) -> int:
+    """A duration (pandas string such as ``"10s"``, ``datetime.timedelta``,
+    ``pd.Timedelta``) as integer nanoseconds; ``what`` names the argument in errors.
+
+    >>> duration_ns("1500ms", "delay"), duration_ns(datetime.timedelta(seconds=2), "gap")
+    (1500000000, 2000000000)
+    """
+    if isinstance(value, (str, datetime.timedelta, pd.Timedelta, np.timedelta64)) and not isinstance(value, bool):
+        try:
+            ns = int(pd.Timedelta(value).value)
+        except (ValueError, TypeError):
+            ns = None
+        if ns is not None and ns >= 0 and (ns > 0 or not positive):
+            return ns
+    need = "a positive duration" if positive else "a duration >= 0"
+    raise PipelineError(
+        f"{what}: {value!r} is not {need}; give a pandas duration string such as '10s' or "
+        "'250ms', a datetime.timedelta or a pd.Timedelta"
+    )
+
+
+def check_unit(unit, what: str) -> str | None:
+    if unit is None or unit in UNITS:
+        return unit
+    raise PipelineError(f"{what}: unit must be None (datetime64 column) or one of {', '.join(UNITS)}, got {unit!r}")
+
+
+def to_ns(col: pd.Series | np.ndarray, unit: str | None, what: str) -> np.ndarray:
+    """An event-time column as int64 nanoseconds: ``datetime64`` of any precision (with
+    ``unit=None``), or integers counted in ``unit``. Nulls are refused by the caller first
+    (they go to the dead letters)."""
+    if isinstance(col, pd.Series) and isinstance(col.dtype, pd.DatetimeTZDtype):
+        col = col.dt.tz_convert("UTC").dt.tz_localize(None)
+    arr = col.to_numpy() if isinstance(col, pd.Series) else np.asarray(col)
+    if arr.dtype.kind == "M":
+        if unit is not None:
+            raise SchemaError(f"{what}: the column holds {arr.dtype} timestamps; drop unit={unit!r} (it is "
+                              "for integer columns)")
+        return arr.astype("datetime64[ns]").view(np.int64)
+    if arr.dtype.kind in "iu":
+        if unit is None:
+            raise SchemaError(f"{what}: the column holds integers ({arr.dtype}); say what they count with "
+                              f"unit= one of {', '.join(UNITS)}")
+        return arr.astype(np.int64) * UNITS[unit]
+    raise SchemaError(f"{what}: the column has dtype {arr.dtype}; event times must be datetime64 or integers "
+                      f"with unit= one of {', '.join(UNITS)}")
+
+
+def nulls(col: pd.Series) -> np.ndarray | None:
+    """Rows whose event time is null (None when there are none)."""
+    null = col.isna().to_numpy()
+    return null if null.any() else None
+
+
+def from_ns(ns: np.ndarray, like) -> np.ndarray:
+    """Nanoseconds back in the column's own type: ``like`` is a numpy dtype (``datetime64``
+    of its precision), or a unit string of an integer column."""
+    ns = np.asarray(ns, np.int64)
+    if isinstance(like, str):
+        return ns // UNITS[like]
+    return ns.view("datetime64[ns]").astype(like)
+
+
+def time_type(col: pd.Series | np.ndarray, unit: str | None):
+    """What :func:`from_ns` takes to give times back as the column holds them."""
+    dtype = col.dtype if isinstance(col, (pd.Series, np.ndarray)) else np.asarray(col).dtype
+    if unit is not None:
+        return unit
+    if getattr(dtype, "kind", None) == "M" and isinstance(dtype, np.dtype):
+        return dtype
+    return np.dtype("datetime64[ns]")    # tz-aware or object timestamps: as nanoseconds

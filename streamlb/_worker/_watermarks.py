@@ -1,0 +1,145 @@
+"""Watermarks of one instance: made by a source's splits, combined over input channels,
+fired into the operator and forwarded, in order with the data.
+
+A source instance whose stage has ``with_watermark`` keeps, per split, the largest event
+time it emitted (:class:`SplitClock`); its watermark is the minimum over its unfinished,
+non-idle splits, minus ``delay``. Any other instance's watermark is the minimum over its
+live (not ended), non-idle senders (Flink's and Spark's rule); an instance whose senders
+are all idle is idle itself. Watermarks only rise. Each rise is given to the operator
+first (windows fire) and then sent on every output channel as a
+:class:`~._messages.Watermark`, behind the batches already sent.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pandas as pd
+
+from .._time import MAX_TIME, MIN_TIME, nulls, to_ns
+from ._messages import Watermark
+
+
+class SplitClock:
+    """Event times emitted per split of one source instance (``spec``: the stage's
+    ``watermark``: column, delay, idle_timeout, unit)."""
+
+    def __init__(self, spec: dict, operator: str) -> None:
+        self.column, self.unit = spec["column"], spec["unit"]
+        self.delay, self.idle_timeout = spec["delay"], spec["idle_timeout"] / 1e9
+        self.what = f"with_watermark({self.column!r}) of source {operator!r}"
+        self.top: dict[str, int] = {}           # split -> largest event time emitted
+        self.last: dict[str, float] = {}        # split -> when it last emitted (processing time)
+        self.current = "_"                      # the split of the batch being emitted
+        self.time_type = None
+
+    def observe(self, frame: pd.DataFrame, dead) -> pd.DataFrame:
+        """The watermark step: note the batch's event times; rows without one go to the
+        dead letters (``dead(rows, reasons)``)."""
+        if self.column not in frame.columns:
+            from ..exceptions import SchemaError
+
+            raise SchemaError(f"{self.what}: column {self.column!r} is not in the batch; columns: "
+                              f"{', '.join(map(str, frame.columns))}")
+        col = frame[self.column]
+        bad = nulls(col)
+        if bad is not None:
+            dead(frame[bad], [f"event time {self.column!r} is null"] * int(bad.sum()))
+            frame = frame[~bad]
+            col = frame[self.column]
+        if len(frame):
+            top = int(to_ns(col, self.unit, self.what).max())
+            s = self.current
+            self.top[s] = max(self.top.get(s, MIN_TIME), top)
+        self.last[self.current] = time.time()
+        return frame
+
+    def watermark(self, live: set[str], now: float) -> tuple[int, bool]:
+        """``(watermark, idle)`` over the splits in ``live`` (unfinished)."""
+        active = [s for s in live if now - self.last.get(s, now) <= self.idle_timeout]
+        if not live:
+            return MAX_TIME, False
+        if not active:
+            return MIN_TIME, True
+        low = min(self.top.get(s, MIN_TIME) for s in active)
+        return (low - self.delay if low > MIN_TIME + self.delay else MIN_TIME), False
+
+
+class Watermarks:
+    """The watermark side of instance ``inst``."""
+
+    def __init__(self, inst) -> None:
+        self.inst = inst
+        st = inst.stage
+        self.clock = SplitClock(st.watermark, st.name) if st.is_source and st.watermark else None
+        self.per_sender: dict[int, int] = {}
+        self.idle_senders: set[int] = set()
+        self.current = MIN_TIME
+        self.idle = False
+        self.sent: tuple | None = None
+        self.lock = asyncio.Lock()
+        self.active = self.clock is not None    # any watermark seen or made here
+
+    # -- a source -------------------------------------------------------------------------------
+    def observe(self, frame):
+        self.clock.current = self.inst.source.split_now
+        return self.clock.observe(frame, lambda rows, why: self.inst.dead.add(self.inst.stage.name, rows, why))
+
+    async def source_tick(self) -> None:
+        """After a batch, or now and then: the source's watermark."""
+        src = self.inst.source
+        wm, idle = self.clock.watermark(src.live_splits(), time.time())
+        await self._advance(wm, idle)
+
+    async def ticker(self) -> None:
+        """A source's idleness shows even when it emits nothing."""
+        every = min(max(self.clock.idle_timeout / 4, 0.05), 1.0)
+        while True:
+            await asyncio.sleep(every)
+            if not self.inst.source.sending:
+                await self.source_tick()
+
+    # -- any other instance ---------------------------------------------------------------------
+    async def on_message(self, sender: int, msg: Watermark) -> None:
+        self.active = True
+        if msg.idle:
+            self.idle_senders.add(sender)
+        else:
+            self.idle_senders.discard(sender)
+            self.per_sender[sender] = max(self.per_sender.get(sender, MIN_TIME), msg.time)
+        await self.inputs_changed()
+
+    async def inputs_changed(self) -> None:
+        """A sender's watermark rose, or it ended, was added or removed."""
+        if not self.active:
+            return
+        al = self.inst.aligner
+        live = al.senders - al.ended
+        if not live:
+            return await self._advance(MAX_TIME, False)
+        active = [s for s in live if s not in self.idle_senders]
+        if not active:
+            return await self._advance(MIN_TIME, True)
+        await self._advance(min(self.per_sender.get(s, MIN_TIME) for s in active), False)
+
+    # -- both -----------------------------------------------------------------------------------
+    async def _advance(self, wm: int, idle: bool) -> None:
+        async with self.lock:
+            if wm > self.current:
+                self.current = wm
+                await self.inst.op.on_watermark(wm)
+            self.idle = idle
+            state = (self.current, idle)
+            if state != self.sent and (self.current > MIN_TIME or idle):
+                self.sent = state
+                msg = Watermark(int(self.current), idle)
+                for ex in list(self.inst.exchanges.values()):
+                    await ex.watermark(msg)
+
+    def status(self) -> dict | None:
+        """What ``Job.watermarks()`` reports of this instance (None: no event time here):
+        the watermark in ns (None before the first; int64's largest at end of stream)."""
+        if not self.active:
+            return None
+        return {"watermark_ns": None if self.current == MIN_TIME else int(self.current), "idle": self.idle}

@@ -1,0 +1,77 @@
+"""The window operator: ``key_by(...).window(...).aggregate(...)`` or ``.apply(...)``.
+
+Rows go into the operator's :class:`~streamlb._state._windows.WindowState` by their event
+time; windows fire when the watermark passes their end (:meth:`on_watermark`), before the
+watermark is forwarded. Rows too late for a window go to the operator's late stream, or to
+the dead letters with reason ``"late"`` when it has none.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from .._time import MAX_TIME, nulls, time_type, to_ns
+from ._operators import _Keyed
+
+
+class WindowOperator(_Keyed):
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        w = self.stage.window
+        self.column, self.unit = w["column"], w["unit"]
+        self.what = f"window operator {self.stage.name!r} (event time {self.column!r})"
+        self.late_count = 0
+        self._typed = False
+
+    def accept(self, frame: pd.DataFrame, groups):
+        """Rows without an event time, and rows an aggregate cannot sum, go to the dead letters."""
+        col = frame.get(self.column)
+        if col is None:
+            from ..exceptions import SchemaError
+
+            raise SchemaError(f"{self.what}: column {self.column!r} is not in the batch; columns: "
+                              f"{', '.join(map(str, frame.columns))}")
+        bad = nulls(col)
+        if bad is not None:
+            self.ctx.dead.add(self.stage.name, frame[bad], [f"event time {self.column!r} is null"] * int(bad.sum()))
+            frame, groups = frame[~bad], (groups[~bad] if groups is not None else None)
+        return frame, groups
+
+    async def on_batch(self, frame: pd.DataFrame, groups, emitted: float) -> None:
+        ctx, store = self.ctx, self.store
+        n = len(frame)
+        ctx.meter.blocked = 0.0
+        t1 = time.perf_counter()
+        frame, groups = self.accept(frame, groups)
+        late = None
+        if len(frame):
+            if not self._typed:
+                store.time_type, self._typed = time_type(frame[self.column], self.unit), True
+            late = store.update(frame, groups, to_ns(frame[self.column], self.unit, self.what))
+        fired = store.advance(store.watermark) if (store.refire or store.wants_fire) else []
+        applied = time.time()
+        if late is not None:
+            await self._late(late, emitted)
+        await self._emit(fired, emitted)
+        ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (applied - emitted) * 1e3)
+
+    async def on_watermark(self, watermark: int) -> None:
+        await self._emit(self.store.advance(watermark), time.time())
+
+    async def on_end(self) -> None:
+        await self.on_watermark(MAX_TIME)
+
+    async def _emit(self, fired: list, emitted: float) -> None:
+        if fired and self.stage.children:
+            out = self.store.rows(fired)
+            if out is not None and len(out):
+                await self.ctx.steps.run(self.stage.children, out, emitted)
+
+    async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
+        self.late_count += len(rows)
+        self.ctx.meter.late(len(rows))
+        if self.stage.late:
+            await self.ctx.steps.run(self.stage.late, rows, emitted)
+        else:
+            self.ctx.dead.add(self.stage.name, rows, ["late"] * len(rows))
