@@ -74,6 +74,21 @@ def zipf_frame(zipf_path) -> pd.DataFrame:
     return pd.read_parquet(zipf_path, columns=["key", "value", "event_time"])
 
 
+@pytest.fixture(scope="session")
+def disordered(spark, tmp_path_factory):
+    """60k records over 300 keys in 8 files, 10% of them delayed by up to 3 s of event time."""
+    from streamlb import datasets
+
+    path = str(tmp_path_factory.mktemp("data") / "disordered")
+    datasets.zipf(path, rows=60_000, keys=300, skew=1.1, partitions=8, seed=3, disorder=3.0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def disordered_frame(disordered) -> pd.DataFrame:
+    return pd.read_parquet(disordered, columns=["key", "value", "event_time"])
+
+
 @pytest.fixture(scope="module")
 def two_workers():
     """A LocalCluster of 2 worker processes for one test module."""

@@ -19,21 +19,6 @@ WINDOWS = {
 SPEC = {"n": ("value", "count"), "total": ("value", "sum")}
 
 
-@pytest.fixture(scope="session")
-def disordered(spark, tmp_path_factory):
-    """60k records over 300 keys in 8 files, 10% of them delayed by up to 3 s of event time."""
-    from streamlb import datasets
-
-    path = str(tmp_path_factory.mktemp("data") / "disordered")
-    datasets.zipf(path, rows=60_000, keys=300, skew=1.1, partitions=8, seed=3, disorder=3.0)
-    return path
-
-
-@pytest.fixture(scope="session")
-def disordered_frame(disordered) -> pd.DataFrame:
-    return pd.read_parquet(disordered, columns=["key", "value", "event_time"])
-
-
 def windowed(path, kind, delay="0s", parallelism=4, **source):
     src = Stream.from_parquet(path, **source).with_watermark("event_time", delay=delay)
     op = src.key_by("key").window(**WINDOWS[kind][0]).aggregate(SPEC, parallelism=parallelism, name="w")

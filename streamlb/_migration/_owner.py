@@ -292,6 +292,7 @@ class OwnerSide:
 
     def forget(self, epoch: int) -> None:
         """The coordinator has recorded ``epoch``: drop what was kept for it."""
+        self.store.unhold(epoch)
         m = self.moves.get(epoch)
         if m is not None and not any(p is m for p in [*self.pending_in.values(), *self.merging.values()]):
             del self.moves[epoch]

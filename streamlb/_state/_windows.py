@@ -192,13 +192,15 @@ class WindowState(StateStore):
         self.by_group.setdefault(g, set()).add(key)
         return state
 
-    def _schedule_pane(self, key, g: int, p: int) -> None:
-        """A new pane: the windows it is in that have not fired are due; it expires when
-        its last window is past lateness."""
+    def _schedule_pane(self, key, g: int, p: int, fired: int | None = None) -> None:
+        """A new pane: the windows it is in that have not fired (that end after
+        ``fired``, by default the group's ``fired_to``) are due; it expires when its last
+        window is past lateness."""
+        fired = self.fired_to[g] if fired is None else fired
         last_start = (p // self.slide) * self.slide
         s = last_start
         while s + self.size > p:
-            if s + self.size > self.fired_to[g]:
+            if s + self.size > fired:
                 heapq.heappush(self._due, (s + self.size, next(self._n), key))
             s -= self.slide
         heapq.heappush(self._expire, (last_start + self.size + self.lateness, next(self._n), key))
@@ -242,7 +244,7 @@ class WindowState(StateStore):
                 merged[3] = False
             elif record:
                 self.refire.add((key, merged[0], end))      # a fired session took a late record
-        if not merged[3] and end > self.fired_to[g]:
+        if not merged[3]:       # due (at once if its end has passed: installed, never fired)
             heapq.heappush(self._due, (end, next(self._n), key))
         keep.append(merged)
         keep.sort(key=lambda s: s[0])
@@ -253,6 +255,9 @@ class WindowState(StateStore):
         """The operator's watermark is ``watermark``: fire what is due, drop what expired.
         Returns ``(key, start, end, payload)`` of every window fired (late firings too)."""
         self.watermark = max(self.watermark, int(watermark))
+        if self.watermark == MAX_TIME:      # end of stream: nothing more comes, for any group
+            self.holds.clear()
+            self.held[:] = False
         free = ~self.held
         self.fired_to[free] = np.maximum(self.fired_to[free], self.watermark)
         self.wants_fire = False
@@ -417,16 +422,18 @@ class WindowState(StateStore):
     def install(self, blob: dict) -> None:
         states, groups = blob["states"], blob["key_groups"].tolist()
         self.mark_dirty(groups)
-        for k, v in states.items():
-            if isinstance(k, Floor):
-                self.fired_to[k.group] = max(self.fired_to[k.group], v)
+        floors = {k.group: v for k, v in states.items() if isinstance(k, Floor)}
+        for g, v in floors.items():
+            self.fired_to[g] = max(self.fired_to[g], v)
         for (k, state), g in zip(states.items(), groups):
             if isinstance(k, Floor):
                 continue
-            self._install_key(k, g, state)
+            # windows that had not fired where the state comes from are due here, even
+            # those whose end this owner's watermark passed already
+            self._install_key(k, g, state, floors.get(g, MIN_TIME))
         self.wants_fire = True
 
-    def _install_key(self, key, g: int, state) -> None:
+    def _install_key(self, key, g: int, state, fired: int) -> None:
         mine = self.keys.get(key)
         if self.kind == "session":
             if mine is None:
@@ -444,7 +451,7 @@ class WindowState(StateStore):
                 self.payload.merge(mine[p], pay)
             else:
                 mine[p] = pay
-                self._schedule_pane(key, g, p)
+                self._schedule_pane(key, g, p, fired)
 
     def contains(self, keys, groups=None) -> np.ndarray:
         return np.fromiter((k in self.keys for k in np.asarray(keys).tolist()), bool, len(keys))
