@@ -66,3 +66,42 @@ def test_windows_exact_across_live_rescales(two_workers, disordered, disordered_
         job.wait(timeout=120)
     assert late == []
     check(emitted(out), expected(disordered_frame, kind, **WINDOWS[kind][1]))
+
+
+# -- exactly once across a SIGKILLed `dask worker` --------------------------------------------
+@pytest.fixture(scope="module")
+def cluster3():
+    from distributed import Client
+
+    from conftest import dask_cli_cluster
+
+    with dask_cli_cluster(workers=3) as address, Client(address) as c:
+        yield c
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind,delay", [("tumbling", "0s"), ("session", "3s")])
+def test_window_outputs_exactly_once_across_a_sigkill(cluster3, disordered, disordered_frame, tmp_path, kind, delay):
+    import pandas as pd
+
+    from test_checkpoint import _kill_one
+
+    cluster3.wait_for_workers(3, timeout=60)
+    src = Stream.from_parquet(disordered, batch_size=250, rate=30_000).with_watermark("event_time", delay=delay)
+    op = src.key_by("key").window(**WINDOWS[kind][0]).aggregate(SPEC, parallelism=3, name="w")
+    op.to_parquet(str(tmp_path / "out"))
+    op.late().to_parquet(str(tmp_path / "late"))
+    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
+    time.sleep(1.0)
+    victim = _kill_one(cluster3, job)
+    job.wait(timeout=180)
+    recoveries = [h for h in job.history if h.get("kind") == "recovery"]
+    assert len(recoveries) == 1 and recoveries[0]["lost_workers"] == [victim]
+    job.stop()
+    got = pd.read_parquet(tmp_path / "out")
+    late = pd.read_parquet(tmp_path / "late") if (tmp_path / "late").exists() else None
+    if late is not None and not len(late):
+        late = None
+    if delay == "3s":
+        assert late is None
+    check(emitted([got]), expected(disordered_frame, kind, late, **WINDOWS[kind][1]))
