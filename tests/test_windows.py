@@ -1,6 +1,8 @@
 """Event time, watermarks and windows, exact against pandas (docs/windows.md)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,3 +126,58 @@ def test_misplaced_or_bad_event_time_fails_run(two_workers, disordered):
         Stream.from_parquet(disordered).with_watermark("event_time", delay="-1s")
     with pytest.raises(PipelineError, match="unit must be None .* one of s, ms, us, ns"):
         Stream.from_parquet(disordered).with_watermark("event_time", unit="days")
+
+
+def test_a_split_idle_for_idle_timeout_holds_nothing_back():
+    from streamlb._time import MAX_TIME, MIN_TIME
+    from streamlb._worker._watermarks import SplitClock
+
+    clock = SplitClock({"column": "t", "unit": "s", "delay": 2 * S, "idle_timeout": 5 * S}, "src")
+    for split, t in (("a", 100), ("b", 40)):
+        clock.current = split
+        clock.observe(pd.DataFrame({"t": [t - 1, t]}), dead=None)
+    now = clock.last["b"]
+    assert clock.watermark({"a", "b", "c"}, now) == (MIN_TIME, False)     # c has not emitted yet
+    assert clock.watermark({"a", "b"}, now) == (38 * S, False)           # the slowest split, minus delay
+    assert clock.watermark({"a", "b"}, now + 6) == (MIN_TIME, True)      # both idle: the instance is
+    clock.last["a"] = now + 6
+    assert clock.watermark({"a", "b"}, now + 6) == (98 * S, False)       # b idle: a alone
+    assert clock.watermark(set(), now) == (MAX_TIME, False)              # every split ended
+
+
+def _stamp(frame):
+    import time
+
+    return frame.assign(emitted_at=time.time())
+
+
+def test_an_idle_split_does_not_stall_windows(two_workers, tmp_path):
+    """Three files on two source instances: one holds 200 records over 2 s of event time,
+    the others 3000 over 60 s. An instance reads its files in step (by the share read),
+    so the short file emits its second half only half-way through the stream: until then
+    it holds its instance's watermark back at 1 s. With idle_timeout=0.2s it is idle
+    meanwhile, windows fire as the stream goes, and what it sends afterwards is late for
+    the windows that fired: exactly the late output."""
+    base = pd.Timestamp("2026-01-01")
+    frames = []
+    for i, (secs, n) in enumerate(((2, 200), (60, 3000), (60, 3000))):
+        t = base + pd.to_timedelta(np.linspace(0, secs, n, endpoint=False), unit="s")
+        frames.append(pd.DataFrame({"key": np.arange(n) % 7, "value": np.arange(n) % 5, "event_time": t}))
+        frames[-1].to_parquet(tmp_path / f"p{i}.parquet")
+    src = Stream.from_parquet(str(tmp_path), batch_size=100, rate=3_000).with_watermark(
+        "event_time", idle_timeout="0.2s")
+    out, late = [], []
+    op = src.key_by("key").window(size="10s").aggregate(SPEC, name="w")
+    op.map(_stamp).sink(out.append)
+    op.late().sink(late.append)
+    t0 = time.time()
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait()
+    t1 = time.time()
+    got = pd.concat(out, ignore_index=True)
+    first = got[got.window_start == base].emitted_at.max()
+    assert first - t0 < 0.6 * (t1 - t0), "the first window waited for the idle split"
+    lf = late_frame(late)
+    assert lf is not None and (lf.event_time < base + pd.Timedelta("2s")).all()
+    check(emitted([got.drop(columns="emitted_at")]),
+          expected(pd.concat(frames, ignore_index=True), "tumbling", lf, size=10 * S, slide=10 * S))
