@@ -50,6 +50,28 @@ def test_windows_exact_with_late_records(two_workers, disordered, disordered_fra
         assert metrics[metrics.operator == "w"].late_records.sum() == len(lf)
 
 
+def test_late_records_and_watermark_lag_on_prometheus(two_workers, disordered):
+    from test_prometheus import scrape
+
+    port = two_workers.scheduler_info()["services"]["dashboard"]
+    url = f"http://127.0.0.1:{port}/metrics"
+    src, out, late = windowed(disordered, "tumbling", batch_size=250, rate=30_000)
+    with streamlb.run(src, client=two_workers, balancer="static", window=0.2) as job:
+        time.sleep(1.0)
+        running = scrape(url, job.id)["samples"]
+        job.wait()
+        time.sleep(0.5)         # the last load reports reach the scheduler
+        done = scrape(url, job.id)["samples"]
+        metrics = job.metrics()
+    # while it runs: each window instance's watermark behind the wall clock (the log is
+    # dated 2026-01-01); at the end of the stream the watermark is +inf and the series goes
+    lags = [v for (n, lab), v in running.items() if n == "streamlb_watermark_lag_seconds"]
+    assert len(lags) == 4 and all(v > 0 for v in lags)
+    assert not [n for (n, lab) in done if n == "streamlb_watermark_lag_seconds"]
+    late_total = sum(v for (n, lab), v in done.items() if n == "streamlb_late_records_total")
+    assert late_total == metrics.late_records.sum() == sum(len(f) for f in late) > 0
+
+
 @pytest.mark.parametrize("kind", list(WINDOWS))
 def test_delay_covering_the_disorder_makes_nothing_late(two_workers, disordered, disordered_frame, kind):
     src, out, late = windowed(disordered, kind, delay="3s")

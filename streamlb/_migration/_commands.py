@@ -452,10 +452,12 @@ def check_load(msg: dict) -> dict:
         raise ValueError(f"load report's 'instance' is not an integer: {show(msg['instance'])}")
     if not _is_real(msg["window_start"]):
         raise ValueError(f"load report's 'window_start' is not a finite time: {show(msg['window_start'])}")
-    for field in ("records", "queued", "batches"):
+    for field in ("records", "queued", "batches", "late_records"):
         v = msg.get(field)
         if v is not None and (not _is_int(v) or v < 0):
             raise ValueError(f"load report's {field!r} is not a count >= 0: {show(v)}")
     if "busy" in msg and (not _is_real(msg["busy"]) or msg["busy"] < 0):
         raise ValueError(f"load report's 'busy' is not a number of seconds >= 0: {show(msg['busy'])}")
+    if msg.get("watermark") is not None and not _is_int(msg["watermark"]):
+        raise ValueError(f"load report's 'watermark' is not int64 nanoseconds: {show(msg['watermark'])}")
     return msg

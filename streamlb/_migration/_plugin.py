@@ -32,7 +32,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _observe as observe
 from .. import config
-from .._observe._totals import count_dead_letters, count_report, forget
+from .._observe._totals import count_dead_letters, count_event_time, count_report, forget
 from ..balancer import check_plan, complete_plan, get_balancer
 from ..exceptions import CommandError
 from . import _commands as cmd
@@ -226,7 +226,7 @@ class BalancerPlugin(SchedulerPlugin):
                       records: int = 0, batches: int | None = None, busy: float = 0.0, queued: int = 0,
                       groups=None, counts=None,
                       latency_p99_ms=None, final: bool = False, hot=None, routed=None, latency_hist=None,
-                      parallelism=None, dead_letters=None, **_ignored) -> None:
+                      parallelism=None, dead_letters=None, late_records=0, watermark=None, **_ignored) -> None:
         j = self.jobs.get(job)
         if j is None:
             return                      # a job finished or registered elsewhere
@@ -238,6 +238,8 @@ class BalancerPlugin(SchedulerPlugin):
         win = j.windows[operator]       # only now: a refused report leaves no empty window behind
         win[float(window_start)][place] = entry
         count_report(j, op, place, entry)
+        if kind == "owner":
+            count_event_time(j, operator, int(instance), late_records, watermark)
         if dead_letters:
             count_dead_letters(j, instance, dead_letters)
         for ws in sorted(win):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import weakref
 
 import numpy as np
 
 from .. import latency as _latency
+from .._time import MAX_TIME
 from ._totals import dead_letters_of, totals_of
 
 logger = logging.getLogger("streamlb.observe")
@@ -94,6 +96,12 @@ def families(jobs: dict) -> list:
             "streamlb_key_groups_moved", "Key groups moved to another instance.", labels=OPERATOR_LABELS),
         "splits": GaugeMetricFamily(
             "streamlb_split_keys", "Keys spread over several instances now.", labels=OPERATOR_LABELS),
+        "late": CounterMetricFamily(
+            "streamlb_late_records", "Records too late for one of their windows (window operators).",
+            labels=["job", "operator", "instance"]),
+        "wm_lag": GaugeMetricFamily(
+            "streamlb_watermark_lag_seconds", "Wall-clock time now minus an instance's event-time watermark, "
+            "as of its last load window (event-time operators).", labels=["job", "operator", "instance"]),
         "dead": CounterMetricFamily(
             "streamlb_dead_letters", "Records set aside with a reason (bad key or value) instead of failing "
             "the job.", labels=["job", "operator", "instance"]),
@@ -121,6 +129,12 @@ def _add_job(fam: dict, jid: str, j) -> None:
                 fam["queued"].add_metric([jid, name, str(i), worker], queued)
         for (name, i), n in dead_letters_of(totals).items():
             fam["dead"].add_metric([jid, name, str(i)], n)
+        for (name, i), n in list(totals.late.items()):
+            fam["late"].add_metric([jid, name, str(i)], n)
+        now = time.time()
+        for (name, i), wm in list(totals.watermarks.items()):
+            if wm < MAX_TIME:
+                fam["wm_lag"].add_metric([jid, name, str(i)], now - wm / 1e9)
     epochs = dict.fromkeys(operators, 0)
     moved = dict.fromkeys(operators, 0)
     for h in list(j.control.history):

@@ -17,6 +17,7 @@ from .. import latency as _latency
 
 logger = logging.getLogger("streamlb.observe")
 
+
 class InstanceTotals:
     """What one instance of an operator did on one worker, summed over its windows."""
 
@@ -39,6 +40,10 @@ class JobTotals:
         # records set aside: reports carry running counts, so the largest seen is the total
         # (they may arrive out of order, from an instance's owner and router reports alike)
         self.dead_letters: dict[tuple[str, int, str], int] = {}
+        # window operators: (operator, instance) -> records too late for a window, and the
+        # instance's watermark (int64 ns) at the end of its last load window
+        self.late: dict[tuple[str, int], int] = {}
+        self.watermarks: dict[tuple[str, int], int] = {}
 
     def add(self, op, place: tuple[str, int], entry: dict) -> None:
         """Add one checked report (``report_entry``'s place and entry) of keyed operator ``op``."""
@@ -89,6 +94,21 @@ def count_dead_letters(job, instance: int, dead: dict) -> None:
             totals.dead_letters[key] = max(totals.dead_letters.get(key, 0), int(n))
     except Exception:
         logger.exception("streamlb: a dead-letter count of instance %s left out of the Prometheus totals", instance)
+
+
+def count_event_time(job, operator: str, instance: int, late: int, watermark: int | None) -> None:
+    """Note an owner's late records of one window and its watermark. Never raises."""
+    try:
+        if not late and watermark is None:
+            return
+        totals = _totals_for(job)
+        key = (operator, instance)
+        if late:
+            totals.late[key] = totals.late.get(key, 0) + int(late)
+        if watermark is not None:
+            totals.watermarks[key] = max(totals.watermarks.get(key, watermark), int(watermark))
+    except Exception:
+        logger.exception("streamlb: event-time figures of %s[%s] left out of the Prometheus totals", operator, instance)
 
 
 def dead_letters_of(totals: JobTotals) -> dict[tuple[str, int], int]:

@@ -82,7 +82,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.meter = Metrics(job=job, operator=stage.name, index=index, window=window, report=False,
                              queued=lambda: len(self.inbox),
                              final=lambda: self.finishing or self.eos_sent or self.finished_at is not None,
-                             dead_letters=lambda: self.dead.counts)
+                             dead_letters=lambda: self.dead.counts,
+                             watermark=lambda: self.watermarks.reported())
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,

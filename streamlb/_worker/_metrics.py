@@ -74,11 +74,12 @@ class Metrics:
 
     def __init__(self, *, job: str, operator: str, index: int, window: float, report: bool,
                  queued: Callable[[], int], final: Callable[[], bool],
-                 dead_letters: Callable[[], dict] = dict) -> None:
+                 dead_letters: Callable[[], dict] = dict, watermark: Callable[[], int | None] = lambda: None) -> None:
         self.job, self.operator, self.index, self.window = job, operator, index, window
         self.report = report
         self.queued, self.final = queued, final
         self.dead_letters = dead_letters      # operator -> records set aside so far (cumulative)
+        self.watermark = watermark            # the instance's event-time watermark (ns), if it has one
         self.worker = None
         self.routers: dict = {}
         self.rows: list[dict] = []
@@ -143,7 +144,7 @@ class Metrics:
                 "records": int(w.records), "batches": int(w.batches), "busy": float(w.busy), "queued": self.queued(),
                 "latency_p99_ms": None if np.isnan(row["latency_p99_ms"]) else row["latency_p99_ms"],
                 "latency_hist": row["latency_hist"].tolist(), "final": final,
-                "dead_letters": self._dead(),
+                "dead_letters": self._dead(), "late_records": int(w.late), "watermark": self.watermark(),
             })
         for router in self.routers.values():
             if router.spec.balanced:

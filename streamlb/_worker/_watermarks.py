@@ -137,6 +137,10 @@ class Watermarks:
                 for ex in list(self.inst.exchanges.values()):
                     await ex.watermark(msg)
 
+    def reported(self) -> int | None:
+        """The watermark a load report carries (None: none yet)."""
+        return None if not self.active or self.current == MIN_TIME else int(self.current)
+
     def status(self) -> dict | None:
         """What ``Job.watermarks()`` reports of this instance (None: no event time here):
         the watermark in ns (None before the first; int64's largest at end of stream)."""
