@@ -14,7 +14,8 @@ from streamz import Sink, Source, Stream
 from ._functions import describe  # noqa: F401  (streamlb.nodes.describe, as before)
 from .exceptions import PipelineError
 
-__all__ = ["from_parquet", "key_by", "aggregate", "stateful_map", "rebalance", "to_parquet"]
+__all__ = ["from_parquet", "with_watermark", "key_by", "window", "aggregate", "apply", "stateful_map", "rebalance",
+           "to_parquet"]
 
 AGGREGATIONS = ("count", "sum", "min", "max", "mean")
 
