@@ -346,8 +346,9 @@ class _Planner:
         for d in downs:
             if not isinstance(d, (nodes.aggregate, nodes.stateful_map, _nt.window)):
                 raise PipelineError(
-                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate, stateful_map and "
-                    "window operators (any number of them): put other nodes before key_by or after the operator"
+                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate and stateful_map "
+                    "operators, and window(...) followed by aggregate or apply (any number of them): put other "
+                    "nodes before key_by or after the operator"
                 )
         return [step for op in downs for step in (
             self.windowed(kb, op, stage) if isinstance(op, _nt.window) else [self.keyed_operator(kb, op, stage)])]

@@ -203,3 +203,18 @@ def test_an_idle_split_does_not_stall_windows(two_workers, tmp_path):
     assert lf is not None and (lf.event_time < base + pd.Timedelta("2s")).all()
     check(emitted([got.drop(columns="emitted_at")]),
           expected(pd.concat(frames, ignore_index=True), "tumbling", lf, size=10 * S, slide=10 * S))
+
+
+def test_the_dashboard_names_the_watermark_and_late_records():
+    from streamlb._observe import _totals
+    from streamlb._observe._dashboard_page import event_time_text
+
+    class PluginJob:        # what the plugin keeps of a job (weakly referenced by the totals)
+        pass
+
+    job = PluginJob()
+    assert event_time_text(job, "w", 2) == ""
+    _totals.count_event_time(job, "w", 0, 5, pd.Timestamp("2026-01-01").value)
+    _totals.count_event_time(job, "w", 1, 2, pd.Timestamp("2026-01-01 00:00:10").value)
+    text = event_time_text(job, "w", 2)
+    assert "watermark 2026-01-01 00:00:00 (" in text and text.endswith(", 7 late records")

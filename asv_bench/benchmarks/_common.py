@@ -13,15 +13,15 @@ DATA = os.environ.get(
 )
 
 
-def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_every=None) -> str:
+def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_every=None, disorder: float = 0.0) -> str:
     """Path of a Zipf dataset, written by PySpark the first time it is asked for."""
     from streamlb import datasets
 
-    name = f"zipf-{rows}-{keys}-{skew}-{partitions}-{drift_every}"
+    name = f"zipf-{rows}-{keys}-{skew}-{partitions}-{drift_every}" + (f"-disorder{disorder}" if disorder else "")
     path = os.path.abspath(os.path.join(DATA, name))
     if not os.path.exists(os.path.join(path, "_manifest.json")):
         datasets.zipf(path, rows=rows, keys=keys, skew=skew, partitions=partitions,
-                      drift_every=drift_every, seed=0, progress=True)
+                      drift_every=drift_every, seed=0, progress=True, disorder=disorder)
     return path
 
 

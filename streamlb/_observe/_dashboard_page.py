@@ -18,8 +18,10 @@ lock is needed and nothing is written back.
 from __future__ import annotations
 
 import html
+import time
 
 import numpy as np
+import pandas as pd
 
 from .. import latency as _latency
 from .._migration._split import key_group_of
@@ -166,7 +168,25 @@ class OperatorPanel:
         last = imb[-1]["imbalance"] if imb else float("nan")
         self.title.text = (f"<h4>operator {html.escape(self.name)}</h4>{op.table.parallelism} instances, "
                            f"{op.table.key_groups} key groups, epoch {op.table.epoch}, {len(op.table.splits)} "
-                           f"split keys, imbalance {last:.2f}{', migrating' if op.in_flight else ''}")
+                           f"split keys, imbalance {last:.2f}{', migrating' if op.in_flight else ''}"
+                           f"{event_time_text(job, self.name, op.table.parallelism)}")
+
+
+def event_time_text(job, name: str, parallelism: int) -> str:
+    """", watermark ... (lag), N late records" of a window operator; "" for others."""
+    from .._time import MAX_TIME
+    from ._totals import totals_of
+
+    totals = totals_of(job)
+    marks = [totals.watermarks.get((name, i)) for i in range(parallelism)] if totals is not None else []
+    if not any(m is not None for m in marks):
+        return ""
+    low = min(m for m in marks if m is not None)
+    late = sum(n for (op, _), n in totals.late.items() if op == name)
+    if low >= MAX_TIME:
+        return f", watermark: end of stream, {late} late records"
+    lag = time.time() - low / 1e9
+    return f", watermark {pd.Timestamp(low, unit='ns')} ({lag:.1f} s behind the wall clock), {late} late records"
 
 
 def _instance_colours(n: int) -> list[str]:

@@ -74,10 +74,12 @@ class CheckpointPeer:
 class Watermark:
     """No later record on this channel has an event time before ``time`` (int64
     nanoseconds), unless it is late; ``idle``: the sender is idle and holds nothing back
-    until it sends again."""
+    until it sends again; ``made_at``: wall-clock time the source made it (what the
+    latency of a window's row counts from)."""
 
     time: int
     idle: bool = False
+    made_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,10 @@ class OperatorLogic:
     async def on_end(self) -> None:
         """Every input ended: an operator that buffers emits what it holds here."""
 
-    async def on_watermark(self, watermark: int) -> None:
-        """The instance's watermark rose to ``watermark`` (int64 ns): an operator that
-        waits on event time (windows) emits what is now final, before it is forwarded."""
+    async def on_watermark(self, watermark: int, made_at: float) -> None:
+        """The instance's watermark rose to ``watermark`` (int64 ns; made by its source at
+        wall-clock ``made_at``): an operator that waits on event time (windows) emits what
+        is now final, before it is forwarded."""
 
     def reply(self, sender: int):
         """What the acknowledgement of a batch from ``sender`` carries back (None: nothing)."""

@@ -89,8 +89,9 @@ class Watermarks:
     async def source_tick(self) -> None:
         """After a batch, or now and then: the source's watermark."""
         src = self.inst.source
-        wm, idle = self.clock.watermark(src.live_splits(), time.time())
-        await self._advance(wm, idle)
+        now = time.time()
+        wm, idle = self.clock.watermark(src.live_splits(), now)
+        await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:
         """A source's idleness shows even when it emits nothing."""
@@ -108,32 +109,33 @@ class Watermarks:
         else:
             self.idle_senders.discard(sender)
             self.per_sender[sender] = max(self.per_sender.get(sender, MIN_TIME), msg.time)
-        await self.inputs_changed()
+        await self.inputs_changed(msg.made_at or None)
 
-    async def inputs_changed(self) -> None:
-        """A sender's watermark rose, or it ended, was added or removed."""
+    async def inputs_changed(self, made_at: float | None = None) -> None:
+        """A sender's watermark rose (made at ``made_at``), or it ended, was added or removed."""
         if not self.active:
             return
         al = self.inst.aligner
         live = al.senders - al.ended
+        made_at = made_at or time.time()
         if not live:
-            return await self._advance(MAX_TIME, False)
+            return await self._advance(MAX_TIME, False, made_at)
         active = [s for s in live if s not in self.idle_senders]
         if not active:
-            return await self._advance(MIN_TIME, True)
-        await self._advance(min(self.per_sender.get(s, MIN_TIME) for s in active), False)
+            return await self._advance(MIN_TIME, True, made_at)
+        await self._advance(min(self.per_sender.get(s, MIN_TIME) for s in active), False, made_at)
 
     # -- both -----------------------------------------------------------------------------------
-    async def _advance(self, wm: int, idle: bool) -> None:
+    async def _advance(self, wm: int, idle: bool, made_at: float) -> None:
         async with self.lock:
             if wm > self.current:
                 self.current = wm
-                await self.inst.op.on_watermark(wm)
+                await self.inst.op.on_watermark(wm, made_at)
             self.idle = idle
             state = (self.current, idle)
             if state != self.sent and (self.current > MIN_TIME or idle):
                 self.sent = state
-                msg = Watermark(int(self.current), idle)
+                msg = Watermark(int(self.current), idle, made_at)
                 for ex in list(self.inst.exchanges.values()):
                     await ex.watermark(msg)
 

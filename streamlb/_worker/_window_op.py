@@ -56,17 +56,21 @@ class WindowOperator(_Keyed):
         await self._emit(fired, emitted)
         ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (applied - emitted) * 1e3)
 
-    async def on_watermark(self, watermark: int) -> None:
-        await self._emit(self.store.advance(watermark), time.time())
+    async def on_watermark(self, watermark: int, made_at: float) -> None:
+        await self._emit(self.store.advance(watermark), made_at)
 
     async def on_end(self) -> None:
-        await self.on_watermark(MAX_TIME)
+        await self.on_watermark(MAX_TIME, time.time())
 
-    async def _emit(self, fired: list, emitted: float) -> None:
+    async def _emit(self, fired: list, made_at: float) -> None:
+        """Rows of the windows fired by a watermark made at ``made_at`` (wall clock): it is
+        their ``emitted`` time downstream (latency counts from it), also kept in the frame's
+        ``attrs["watermark_made_at"]``."""
         if fired and self.stage.children:
             out = self.store.rows(fired)
             if out is not None and len(out):
-                await self.ctx.steps.run(self.stage.children, out, emitted)
+                out.attrs["watermark_made_at"] = made_at
+                await self.ctx.steps.run(self.stage.children, out, made_at)
 
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
         self.late_count += len(rows)
