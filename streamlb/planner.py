@@ -81,6 +81,13 @@ class Stage:
         return self.kind.endswith("_source")
 
     @property
+    def splittable(self) -> bool:
+        """Its hot keys can be split over helpers, partial aggregates merged at the key's
+        home: an aggregate, or a tumbling or hopping window aggregate."""
+        return self.kind == "aggregate" or (self.kind == "window" and self.window["mode"] == "aggregate"
+                                            and self.window["kind"] != "session")
+
+    @property
     def merges_lazily(self) -> bool:
         """A ``lazy`` move of this stage's state merges rather than pulls: an aggregate
         nothing reads per batch (no downstream step), whose counts, sums, minima and maxima

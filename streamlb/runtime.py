@@ -406,7 +406,9 @@ class Job:
         Parameters
         ----------
         operator : str
-            An ``aggregate`` operator (``stateful_map`` state is not combinable: refused).
+            An ``aggregate`` operator, or a tumbling or hopping window ``aggregate`` (the
+            state of a ``stateful_map``, an ``apply`` or session windows is not combinable:
+            refused).
         key
             A key of the operator's key column (of the same type).
         helpers : iterable of int

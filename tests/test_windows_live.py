@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from streamz import Stream
 
 import streamlb
 from streamlb import MigrationError
+from streamlb.keygroups import assign_to_key_group
 
 from test_windows import SPEC, WINDOWS, late_frame
 from windowing import check, emitted, expected
@@ -105,3 +107,29 @@ def test_window_outputs_exactly_once_across_a_sigkill(cluster3, disordered, diso
     if delay == "3s":
         assert late is None
     check(emitted([got]), expected(disordered_frame, kind, late, **WINDOWS[kind][1]))
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "hopping"])
+def test_a_split_hot_key_of_a_window_aggregate_is_exact(two_workers, disordered, disordered_frame, kind):
+    """The hottest key spread over every instance (with the hybrid balancer watching):
+    partial aggregates per key and pane merged at the key's home, each window fired once,
+    nothing late (the delay covers the disorder)."""
+    hot = int(disordered_frame.key.value_counts().index[0])
+    src, out, late = paced(disordered, kind, "3s")
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="hybrid") as job:
+        time.sleep(0.4)
+        home = int(job.routing("w").owners[assign_to_key_group(np.array([hot]), G)[0]])
+        job.split("w", hot, [i for i in range(4) if i != home])
+        job.wait(timeout=120)
+        metrics = job.metrics()
+    assert late == []
+    check(emitted(out), expected(disordered_frame, kind, **WINDOWS[kind][1]))
+    assert metrics[metrics.operator == "w"].split_records.sum() > 0
+
+
+def test_splitting_a_session_window_key_is_refused(two_workers, disordered):
+    src, out, late = paced(disordered, "session", "3s")
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="static") as job:
+        with pytest.raises(MigrationError, match="'w' is a window: only the keys of an aggregate, or of a tumbling or hopping window aggregate"):
+            job.split("w", 1, [0, 1])
+        job.wait(timeout=120)

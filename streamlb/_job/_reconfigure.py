@@ -56,6 +56,7 @@ class Reconfiguration:
                     "routers": [peer((up.id, i)) for i in range(up.parallelism)],
                     "table": job.tables[st.id].owners.tolist(), "epoch": job.tables[st.id].epoch,
                     "kind": st.kind,
+                    "splittable": st.splittable,
                     "merges_lazily": st.merges_lazily,
                 }
         return {

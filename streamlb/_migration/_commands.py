@@ -263,8 +263,9 @@ def _helpers(call: Call, arg: str, key, helpers, home: int | None = None) -> lis
 def changes(call: Call, arg: str, value) -> list:
     """``[[key, [helper...]]...]`` for an aggregate; no helpers merges the key back."""
     op = call.op
-    if op.kind != "aggregate":
-        raise call.refuse(arg, f"operator {op.name!r} is a {op.kind}: only an aggregate's keys can be split")
+    if not op.splittable:
+        raise call.refuse(arg, f"operator {op.name!r} is a {op.kind}: only the keys of an aggregate, or of a "
+                               "tumbling or hopping window aggregate, can be split")
     out, seen = [], set()
     for pair in _seq(call, arg, value, "[key, [helper...]] pairs"):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
@@ -367,7 +368,7 @@ def topology(call: Call, arg: str, value) -> dict:
             raise call.refuse(arg, f"job {call.job_id} has no keyed operator {show(name)}; keyed "
                                    f"operators: {', '.join(known.operators) or 'none'}")
         what = f"operator {name!r}"
-        _keys(call, arg, spec, what, _OPERATOR, _OPERATOR | {"kind", "merges_lazily"})
+        _keys(call, arg, spec, what, _OPERATOR, _OPERATOR | {"kind", "merges_lazily", "splittable"})
         _peers(call, arg, spec["owners"], f"the owners of {what}", 1)
         _peers(call, arg, spec["routers"], f"the routers of {what}", 1)
         n = len(spec["owners"])
@@ -377,8 +378,9 @@ def topology(call: Call, arg: str, value) -> dict:
         _owners(call, arg, spec["table"], G, n if taken else None, f"the table of {what}")
         _count(call, arg, spec["epoch"], f"the epoch of {what}")
         _count(call, arg, spec["stage"], f"the stage of {what}")
-        if not isinstance(spec.get("kind", ""), str) or not isinstance(spec.get("merges_lazily", False), bool):
-            raise call.refuse(arg, f"{what}: 'kind' must be a string and 'merges_lazily' true or false")
+        if not isinstance(spec.get("kind", ""), str) or not all(
+                isinstance(spec.get(flag, False), bool) for flag in ("merges_lazily", "splittable")):
+            raise call.refuse(arg, f"{what}: 'kind' must be a string, 'merges_lazily' and 'splittable' true or false")
         if not taken:
             old = known.operators[name].table        # kept: it must fit the new instances
             used = [int(old.owners.max()), *(h for _, hs in old.splits for h in hs)]

@@ -58,9 +58,10 @@ class OperatorControl:
     """Routing state of one keyed operator."""
 
     def __init__(self, name: str, owners: list, routers: list, table: RoutingTable, kind: str = "aggregate",
-                 merges_lazily: bool = False) -> None:
+                 merges_lazily: bool = False, splittable: bool | None = None) -> None:
         self.name = name
         self.kind = kind
+        self.splittable = kind == "aggregate" if splittable is None else splittable
         self.merges_lazily = merges_lazily      # Stage.merges_lazily: lazy moves pull no key
         self.owners = [tuple(p) for p in owners]       # (address, actor key) per instance
         self.routers = [tuple(p) for p in routers]
@@ -101,7 +102,8 @@ class JobControl:
         self.operators = {
             name: OperatorControl(name, op["owners"], op["routers"],
                                   RoutingTable(np.asarray(op["table"]), len(op["owners"]), int(op["epoch"])),
-                                  op.get("kind", "aggregate"), bool(op.get("merges_lazily", False)))
+                                  op.get("kind", "aggregate"), bool(op.get("merges_lazily", False)),
+                                  op.get("splittable"))
             for name, op in topology["operators"].items()
         }
         self.stage_ids = {name: int(op["stage"]) for name, op in topology["operators"].items()}

@@ -118,7 +118,7 @@ class Window:
             queued_batches=[r["queued"] for r in self.by_instance], recently_moved=recent,
             latency_hist=[r["latency_hist"] if r["latency_hist"] is not None else np.zeros(_latency.BINS)
                           for r in self.by_instance],
-            hot_keys=self.hot_keys, splits=op.table.splits, splittable=op.kind == "aggregate",
+            hot_keys=self.hot_keys, splits=op.table.splits, splittable=op.splittable,
         )
         applied = np.array([r["records"] for r in self.by_instance], dtype=float)
         self.measured = float(applied.max() / applied.mean()) if applied.sum() > 0 else 1.0

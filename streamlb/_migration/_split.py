@@ -35,10 +35,11 @@ async def split(ctl: JobControl, call: Call, operator: str, changes: dict, *, ti
     the routers at once, with no marker. A change that changes nothing takes no epoch.
     """
     op = ctl.operator(operator)
-    if op.kind != "aggregate":
+    if not op.splittable:
         raise MigrationError(
             f"operator {operator!r} is a {op.kind}: its state is not combinable, so its keys cannot be split; "
-            "only aggregate (count, sum, min, max, mean) keys can"
+            "only the keys of an aggregate (count, sum, min, max, mean) and of a tumbling or hopping window "
+            "aggregate can"
         )
     async with op.running():
         return await _split_epoch(ctl, call, op, changes, timeout)

@@ -101,12 +101,16 @@ class WindowState(StateStore):
             late_rows, late = self._session_late(times, thr, keys)
             applied = ~late
         else:
-            late_rows, applied = self._pane_late(times, thr, keys)
+            late_rows, applied = self._pane_late(times, thr, keys, refire=True)
         if applied.any():
             idx = np.flatnonzero(applied) if not applied.all() else None
             sub = frame if idx is None else frame.take(idx)
             self._apply(sub, keys if idx is None else keys[idx], groups if idx is None else groups[idx],
                         times if idx is None else times[idx])
+        return self._late_frame(frame, late_rows)
+
+    def _late_frame(self, frame: pd.DataFrame, late_rows: list):
+        """The late rows: the records' columns plus window_start, window_end, watermark."""
         if not late_rows:
             return None
         rows, starts, ends, marks = zip(*late_rows)
@@ -123,7 +127,7 @@ class WindowState(StateStore):
             start = s0 - j * self.slide
             yield start, start + self.size, start + self.size > times
 
-    def _pane_late(self, times, thr, keys):
+    def _pane_late(self, times, thr, keys, refire: bool):
         late_rows, applied = [], np.zeros(len(times), bool)
         for start, end, valid in self._windows_of(times):
             missed = valid & (end + self.lateness <= thr)
@@ -131,7 +135,7 @@ class WindowState(StateStore):
             if missed.any():
                 r = np.flatnonzero(missed)
                 late_rows.append((r, start[r], end[r], thr[r]))
-            again = np.flatnonzero(valid & ~missed & (end <= thr))
+            again = np.flatnonzero(valid & ~missed & (end <= thr)) if refire else ()
             if len(again):
                 self.refire.update(zip(keys[again].tolist(), start[again].tolist(), end[again].tolist()))
         return late_rows, applied
@@ -185,6 +189,48 @@ class WindowState(StateStore):
                 self._schedule_pane(key, g, p)
             else:
                 self.payload.merge(old, pay)
+
+    # -- split keys: a helper's partial aggregates, merged at the key's home -------------------
+    def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
+        """A helper's part of a split key's rows: ``(late rows, blob)``. The rows late by
+        this instance's watermark are the late ones (the home waits for this instance's
+        watermark before it fires, see docs/windows.md); the others are aggregated per key
+        and pane, for :meth:`combine` at the home. Nothing is kept here."""
+        keys = frame[self.key_name].to_numpy()
+        groups = np.asarray(groups, np.int64)
+        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
+        late = self._late_frame(frame, late_rows)
+        idx = np.flatnonzero(applied)
+        if not len(idx):
+            return late, None
+        sub, keys, groups, times = frame.take(idx), keys[idx], groups[idx], times[idx]
+        codes, uniq = pd.factorize(keys, sort=False)
+        pcodes, pairs = pd.factorize(pd.MultiIndex.from_arrays([codes, _floordiv(times, self.pane)]), sort=False)
+        payloads = self.payload.build(sub, np.asarray(pcodes), len(pairs))
+        first = np.empty(len(pairs), np.int64)
+        first[pcodes[::-1]] = np.arange(len(pcodes) - 1, -1, -1)
+        uniq = uniq.tolist()
+        return late, {"panes": [(uniq[kc], g, p, pay) for (kc, p), g, pay in
+                                zip(pairs.tolist(), groups[first].tolist(), payloads)]}
+
+    def combine(self, blob: dict) -> None:
+        """Merge a helper's partial aggregates; windows that fired already (within their
+        lateness) fire again."""
+        for key, g, p, pay in blob["panes"]:
+            self.mark_dirty([g])
+            panes = self.keys.get(key)
+            if panes is None:
+                panes = self._new_key(key, g, {})
+            if p in panes:
+                self.payload.merge(panes[p], pay)
+            else:
+                panes[p] = pay
+                self._schedule_pane(key, g, p)
+            s = (p // self.slide) * self.slide
+            while s + self.size > p:
+                if s + self.size <= self.fired_to[g] < s + self.size + self.lateness:
+                    self.refire.add((key, s, s + self.size))
+                s -= self.slide
 
     def _new_key(self, key, g: int, state):
         self.keys[key] = state

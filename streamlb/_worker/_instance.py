@@ -29,7 +29,7 @@ from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
-                        Marker, Partial, PeerEnd, Watermark)
+                        Marker, Partial, PeerEnd, PeerWatermark, Watermark)
 from ._metrics import CostServer, Metrics
 from ._operators import make_operator
 from ._reads import Readable
@@ -195,7 +195,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
-        if (self.status in ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer)):
+        if (self.status in ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer, PeerWatermark)):
             return          # this one finishes (no sibling is waited for any more): nothing to apply
         if self.status in ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting
@@ -275,6 +275,9 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
             case PeerEnd(sender=sibling):
                 self.peer_ends.add(sibling)
                 self.ckpt.peers_changed()
+                await self.watermarks.peers_changed()
+            case PeerWatermark():
+                await self.watermarks.on_peer(msg)
             case CheckpointPeer():
                 self.ckpt.peer_mark(msg)
             case Barrier():     # its sender learns that every earlier message was applied

@@ -131,6 +131,18 @@ class PeerEnd:
 
 
 @dataclass(frozen=True)
+class PeerWatermark:
+    """Sibling ``sender``'s own watermark rose to ``time``: every partial aggregate it sent
+    for records before it came first (a window operator with split keys, see
+    docs/windows.md)."""
+
+    kind = "peer_watermark"      # the name errors give it
+
+    sender: int
+    time: int
+
+
+@dataclass(frozen=True)
 class Barrier:
     """Orders nothing by itself: it returns once every control message the sender sent
     this owner before it is applied (a split key's helper flushing its partials)."""

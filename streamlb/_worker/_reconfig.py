@@ -36,7 +36,7 @@ class Reconfigurable:
             self.ctl.remove_sender(j)
             self.peer_ends.discard(j)       # a retired sibling's end no longer counts
         self.siblings = [Peer(self.worker, a, k) for a, k, _ in peers]
-        self.combines = self.stage.kind == "aggregate" and len(self.siblings) > 1
+        self.combines = self.stage.splittable and len(self.siblings) > 1
         if self.finishing and self.combines:
             # this one ended before it knew them: a new sibling waits for its end too
             for j in new:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .._time import MAX_TIME, MIN_TIME, nulls, to_ns
-from ._messages import Watermark
+from ._messages import PeerWatermark, Watermark
 
 
 class SplitClock:
@@ -75,7 +75,10 @@ class Watermarks:
         self.clock = SplitClock(st.watermark, st.name) if st.is_source and st.watermark else None
         self.per_sender: dict[int, int] = {}
         self.idle_senders: set[int] = set()
-        self.current = MIN_TIME
+        self.own = MIN_TIME                     # the minimum over this instance's inputs
+        self.peers: dict[int, int] = {}         # sibling -> its own watermark (split keys)
+        self.told = None                        # the last window-end step told the siblings
+        self.current = MIN_TIME                 # what fired here and was forwarded
         self.idle = False
         self.sent: tuple | None = None
         self.lock = asyncio.Lock()
@@ -126,11 +129,52 @@ class Watermarks:
         await self._advance(min(self.per_sender.get(s, MIN_TIME) for s in active), False, made_at)
 
     # -- both -----------------------------------------------------------------------------------
+    # -- split keys: a home waits for its helpers ------------------------------------------------
+    def _gated(self) -> bool:
+        return bool(getattr(self.inst, "combines", False)) and self.inst.stage.kind == "window"
+
+    def _tell_peers(self) -> None:
+        """Siblings that may be homes of keys this one helps with learn its own watermark
+        each time it passes a window end (the only moments a home fires), behind the
+        partial aggregates already sent them."""
+        w = self.inst.stage.window
+        step = MAX_TIME if self.own == MAX_TIME else (self.own - w["size"]) // w["slide"]
+        if step == self.told:
+            return
+        self.told = step
+        inst = self.inst
+        for j in range(len(inst.siblings)):
+            if j != inst.index:
+                inst.tasks.spawn(inst.send_control(j, PeerWatermark(inst.index, int(self.own))))
+
+    def _effective(self) -> int:
+        """What may fire here: the own watermark, or, with siblings that may help with
+        split keys, the least of it and theirs (an ended sibling holds nothing back)."""
+        if not self._gated():
+            return self.own
+        inst = self.inst
+        peers = [self.peers.get(j, MIN_TIME) for j in range(len(inst.siblings))
+                 if j != inst.index and j not in inst.peer_ends]
+        return min([self.own, *peers])
+
+    async def on_peer(self, msg: PeerWatermark) -> None:
+        self.peers[msg.sender] = max(self.peers.get(msg.sender, MIN_TIME), msg.time)
+        await self._advance(MIN_TIME, self.idle, time.time())
+
+    async def peers_changed(self) -> None:
+        if self._gated() or self.peers:
+            await self._advance(MIN_TIME, self.idle, time.time())
+
     async def _advance(self, wm: int, idle: bool, made_at: float) -> None:
         async with self.lock:
-            if wm > self.current:
-                self.current = wm
-                await self.inst.op.on_watermark(wm, made_at)
+            if wm > self.own:
+                self.own = wm
+                if self._gated():
+                    self._tell_peers()
+            eff = self._effective()
+            if eff > self.current:
+                self.current = eff
+                await self.inst.op.on_watermark(eff, made_at)
             self.idle = idle
             state = (self.current, idle)
             if state != self.sent and (self.current > MIN_TIME or idle):

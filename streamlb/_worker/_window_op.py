@@ -12,6 +12,7 @@ import time
 import pandas as pd
 
 from .._time import MAX_TIME, nulls, time_type, to_ns
+from ._messages import Partial
 from ._operators import _Keyed
 
 
@@ -46,8 +47,7 @@ class WindowOperator(_Keyed):
         frame, groups = self.accept(frame, groups)
         late = None
         if len(frame):
-            if not self._typed:
-                store.time_type, self._typed = time_type(frame[self.column], self.unit), True
+            self._type(frame)
             late = store.update(frame, groups, to_ns(frame[self.column], self.unit, self.what))
         fired = store.advance(store.watermark) if (store.refire or store.wants_fire) else []
         applied = time.time()
@@ -55,6 +55,40 @@ class WindowOperator(_Keyed):
             await self._late(late, emitted)
         await self._emit(fired, emitted)
         ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (applied - emitted) * 1e3)
+
+    def _type(self, frame) -> None:
+        """The event-time column's type, for the window columns of the output."""
+        if not self._typed:
+            self.store.time_type, self._typed = time_type(frame[self.column], self.unit), True
+
+    async def on_partials(self, partials, emitted: float) -> int:
+        """Helper: the rows of split keys routed here, ``(home, rows, groups)``: late ones
+        go to the late stream here, the others to their home as partial aggregates per
+        key and pane. Nothing is kept here. Returns the rows taken."""
+        ctx = self.ctx
+        ctx.meter.blocked = 0.0
+        t1 = time.perf_counter()
+        n = 0
+        for home, rows, groups in partials:
+            rows, groups = self.accept(rows, groups)
+            if not len(rows):
+                continue
+            self._type(rows)
+            n += len(rows)
+            late, blob = self.store.partial(rows, groups, to_ns(rows[self.column], self.unit, self.what))
+            if blob is not None:
+                ctx.tasks.spawn(ctx.send_control(home, Partial(blob, emitted)))
+            if late is not None:
+                await self._late(late, emitted)
+        ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (time.time() - emitted) * 1e3, split=n)
+        return n
+
+    async def on_combine(self, msg: Partial) -> None:
+        """Home: merge a helper's partial aggregates (windows that fired within their
+        lateness fire again)."""
+        self.store.combine(msg.blob)
+        if self.store.refire or self.store.wants_fire:
+            await self._emit(self.store.advance(self.store.watermark), msg.emitted)
 
     async def on_watermark(self, watermark: int, made_at: float) -> None:
         await self._emit(self.store.advance(watermark), made_at)
