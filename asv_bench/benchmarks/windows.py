@@ -62,6 +62,7 @@ def spark_rate(path: str, runs: int = 2) -> float:
     secs = []
     for i in range(runs):
         q = (spark.readStream.schema(schema).parquet(path)
+             .withColumn("event_time", F.col("event_time").cast("timestamp"))   # written as timestamp_ntz
              .withWatermark("event_time", "3 seconds")
              .groupBy(F.window("event_time", "10 seconds"), "key")
              .agg(F.count("value").alias("n"), F.sum("value").alias("total"))

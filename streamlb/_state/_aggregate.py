@@ -132,11 +132,18 @@ class AggregateState(StateStore):
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
         """Apply one batch; return the slots it touched per shard, for :meth:`frame`."""
-        cols = {c: self._column(frame, c) for c in self.inputs}
+        return self.update_columns(frame[self.key_name].to_numpy(), groups, self.columns_of(frame))
+
+    def columns_of(self, frame: pd.DataFrame) -> dict:
+        """The input columns of ``frame`` as :meth:`update_columns` takes them (checked)."""
+        return {c: self._column(frame, c) for c in self.inputs}
+
+    def update_columns(self, keys: np.ndarray, groups: np.ndarray | None, cols: dict) -> list:
+        """:meth:`update` on arrays: the keys, their key groups and the input columns
+        (of :meth:`columns_of`); what a caller that cuts a batch in parts applies."""
         for c, arr in cols.items():
             if c not in self.dtypes:
                 self.dtypes[c] = np.dtype(np.int64) if arr.dtype.kind in "iub" else np.dtype(np.float64)
-        keys = frame[self.key_name].to_numpy()
         self._adopt_split()
         if groups is None:
             groups = self._groups_of(keys)

@@ -51,5 +51,9 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
     if stage.kind == "window":
         from ._windows import WindowState
 
+        if stage.window["mode"] == "aggregate" and stage.window["kind"] != "session":
+            from ._window_panes import PaneWindowState
+
+            return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)
         return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
     return None

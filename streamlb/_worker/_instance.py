@@ -195,7 +195,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
     async def control(self, env: Envelope) -> None:
         """A message from a sibling (state, partial aggregates, ends, barriers): applied
         ahead of the data, in the order the sibling numbered them; returns once applied."""
-        if (self.status in ENDED or self.closing) and isinstance(env.msg, (PeerEnd, CheckpointPeer, PeerWatermark)):
+        if (self.status in (*ENDED, "retired") or self.closing) and isinstance(
+                env.msg, (PeerEnd, CheckpointPeer, PeerWatermark)):
             return          # this one finishes (no sibling is waited for any more): nothing to apply
         if self.status in ENDED:
             # nothing reads the queue any more: say so rather than leave the sender waiting

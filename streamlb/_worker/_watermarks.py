@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import numpy as np
 import pandas as pd
 
 from .._time import MAX_TIME, MIN_TIME, nulls, to_ns
@@ -78,6 +77,7 @@ class Watermarks:
         self.own = MIN_TIME                     # the minimum over this instance's inputs
         self.peers: dict[int, int] = {}         # sibling -> its own watermark (split keys)
         self.told = None                        # the last window-end step told the siblings
+        self._telling: set = set()
         self.current = MIN_TIME                 # what fired here and was forwarded
         self.idle = False
         self.sent: tuple | None = None
@@ -145,7 +145,19 @@ class Watermarks:
         inst = self.inst
         for j in range(len(inst.siblings)):
             if j != inst.index:
-                inst.tasks.spawn(inst.send_control(j, PeerWatermark(inst.index, int(self.own))))
+                # numbered now, behind the partials sent; not waited for at the end (a
+                # sibling that retires or finishes meanwhile takes it no more)
+                msg = PeerWatermark(inst.index, int(self.own))
+                task = asyncio.ensure_future(self._quietly(inst.send_control(j, msg)))
+                self._telling.add(task)
+                task.add_done_callback(self._telling.discard)
+
+    @staticmethod
+    async def _quietly(send) -> None:
+        try:
+            await send
+        except Exception:       # the sibling is gone: it fires nothing any more
+            pass
 
     def _effective(self) -> int:
         """What may fire here: the own watermark, or, with siblings that may help with

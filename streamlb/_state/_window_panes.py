@@ -1,0 +1,364 @@
+"""Vectorised window state for tumbling and hopping window aggregates.
+
+The panes of ``gcd(size, slide)`` that are open hold each a keyed aggregate
+(:class:`~streamlb._state.AggregateState`, vectorised numpy in shards of key groups): a
+batch is cut by pane (a few panes per batch) and each part applied whole, and a window
+fires for every key at once, from its pane's state (tumbling) or the merge of its panes'
+(hopping). Per-record work stays in numpy, as for the keyed aggregate.
+
+Everything about time (``fired_to`` per key group, holds, lateness, the late rows) is
+:class:`~._windows.WindowState`'s, which this store extends; only where state lives differs.
+A window is tracked by its end, with the key groups it has fired for (they differ while a
+migration holds some). Blobs, for migration and checkpoints, are the same as
+``WindowState``'s: one entry per key, ``{pane: [count, sum, min, max] per input column]}``,
+plus a :class:`~._windows.Floor` per key group.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pandas as pd
+
+from .._time import MAX_TIME, from_ns
+from ._aggregate import AggregateState
+from ._stateful_map import _key_array
+from ._windows import Floor, WindowState, _floordiv
+
+
+class PaneWindowState(WindowState):
+    """Open panes of a tumbling or hopping window ``aggregate``, each a keyed aggregate."""
+
+    def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None) -> None:
+        super().__init__(operator, window, key_name, key_groups, spec=spec)
+        self.spec = spec
+        # panes keep raw partials that combine across panes: a count per input column,
+        # and its sum, min, max as the spec needs them (a mean is a sum over a count)
+        self.raw: dict[str, tuple[str, str]] = {}
+        for c in sorted({c for c, _ in spec.values()}):
+            hows = {h for cc, h in spec.values() if cc == c}
+            self.raw[f"count:{c}"] = (c, "count")
+            for h in ("sum", "min", "max"):
+                if h in hows or (h == "sum" and "mean" in hows):
+                    self.raw[f"{h}:{c}"] = (c, h)
+        self.panes: dict[int, AggregateState] = {}
+        self.fired: dict[int, np.ndarray] = {}      # window end -> key groups it fired for
+        self._ends: list = []                       # heap of those ends
+
+    def _pane(self, p: int) -> AggregateState:
+        st = self.panes.get(p)
+        if st is None:
+            st = self.panes[p] = self._new_state()
+            s = (p // self.slide) * self.slide
+            while s + self.size > p:
+                self._track(s + self.size, self.fired_to >= s + self.size)
+                s -= self.slide
+        return st
+
+    def _track(self, end: int, fired: np.ndarray) -> None:
+        """Window ``end`` exists; ``fired``: the key groups it counts as fired for."""
+        if end in self.fired:
+            return
+        self.fired[end] = fired.copy()
+        heapq.heappush(self._ends, end)
+
+    # -- data ---------------------------------------------------------------------------------
+    def _apply(self, frame, keys, groups, times) -> None:
+        """Cut the batch by pane (sorted once, each pane a slice) and apply each part."""
+        self.mark_dirty(groups)
+        panes = _floordiv(times, self.pane)
+        first = self._pane(int(panes[0]))
+        cols = first.columns_of(frame)
+        if (panes == panes[0]).all():
+            first.update_columns(keys, groups, cols)
+            return
+        order = np.argsort(panes, kind="stable")
+        p_sorted, keys, groups = panes[order], keys[order], groups[order]
+        cols = {c: arr[order] for c, arr in cols.items()}
+        cuts = np.flatnonzero(np.diff(p_sorted)) + 1
+        for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(order)])).tolist()):
+            self._pane(int(p_sorted[a])).update_columns(keys[a:b], groups[a:b], {c: v[a:b] for c, v in cols.items()})
+
+    # -- firing -------------------------------------------------------------------------------
+    def advance(self, watermark: int) -> list:
+        self.watermark = max(self.watermark, int(watermark))
+        if self.watermark == MAX_TIME:
+            self.holds.clear()
+            self.held[:] = False
+        free = ~self.held
+        self.fired_to[free] = np.maximum(self.fired_to[free], self.watermark)
+        self.wants_fire = False
+        out, later = [], []
+        while self._ends and self._ends[0] <= self.watermark:
+            end = heapq.heappop(self._ends)
+            done = self.fired[end]
+            ready = ~done & (self.fired_to >= end)
+            if ready.any():
+                frame = self._window(end - self.size, end, None if ready.all() else ready)
+                if frame is not None:
+                    out.append(frame)
+                done |= ready
+            if done.all():
+                del self.fired[end]
+            else:
+                later.append(end)
+        for end in later:
+            heapq.heappush(self._ends, end)
+        out.extend(self._refired())
+        self._expire_panes()
+        return out
+
+    def _parts(self, start: int, end: int, groups: np.ndarray | None) -> list:
+        """The states of the panes in ``[start, end)``, whole or (``groups``) in part."""
+        parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
+        if groups is None:
+            return parts
+        out = []
+        for st in parts:
+            blob = st.snapshot(np.flatnonzero(groups))
+            tmp = self._new_state()
+            tmp.install(blob)
+            st.release(blob)
+            if len(tmp):
+                out.append(tmp)
+        return out
+
+    def _window(self, start: int, end: int, groups: np.ndarray | None, keys=None) -> pd.DataFrame | None:
+        """Output rows of window ``[start, end)``: every key (or those of ``groups``, or
+        ``keys``)."""
+        parts = self._parts(start, end, groups)
+        if not parts:
+            return None
+        if len(parts) == 1:
+            raw = parts[0].frame()
+        else:
+            frames = [st.frame() for st in parts]
+            raw = pd.concat(frames).groupby(level=0, sort=False).agg(
+                {name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in self.raw.items()})
+        values = self._outputs(raw)
+        if keys is not None:
+            values = values[values.index.isin(keys)]
+        if not len(values):
+            return None
+        tt = self.time_type
+        head = {self.key_name: values.index.to_numpy(),
+                "window_start": from_ns(np.full(len(values), start, np.int64), tt),
+                "window_end": from_ns(np.full(len(values), end, np.int64), tt)}
+        return pd.DataFrame({**head, **{c: values[c].to_numpy() for c in self.spec}})
+
+    def _new_state(self) -> AggregateState:
+        return AggregateState(self.operator, self.raw, self.key_name, self.groups)
+
+    def _outputs(self, raw: pd.DataFrame) -> pd.DataFrame:
+        """The spec's outputs from raw partials (indexed by key)."""
+        out = {}
+        for name, (c, how) in self.spec.items():
+            cnt = raw[f"count:{c}"].to_numpy()
+            if how == "count":
+                out[name] = cnt.astype(np.int64)
+            elif how == "mean":
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out[name] = raw[f"sum:{c}"].to_numpy() / np.where(cnt == 0, np.nan, cnt)
+            else:
+                out[name] = raw[f"{how}:{c}"].to_numpy()
+        return pd.DataFrame(out, index=raw.index)
+
+    def _refired(self) -> list:
+        """Windows that took late records within their lateness, for the keys that did."""
+        if not self.refire:
+            return []
+        by_window: dict = {}
+        for key, start, end in self.refire:
+            by_window.setdefault((start, end), []).append(key)
+        self.refire.clear()
+        out = []
+        for (start, end), keys in sorted(by_window.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            frame = self._window(start, end, None, keys=keys)
+            if frame is not None:
+                out.append(frame)
+        return out
+
+    def _expire_panes(self) -> None:
+        low = int(self.fired_to.min())
+        for p in [p for p in self.panes if (p // self.slide) * self.slide + self.size + self.lateness <= low]:
+            del self.panes[p]
+
+    def rows(self, fired: list) -> pd.DataFrame | None:
+        if not fired:
+            return None
+        return fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True)
+
+    # -- split keys ---------------------------------------------------------------------------
+    def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
+        keys = frame[self.key_name].to_numpy()
+        groups = np.asarray(groups, np.int64)
+        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
+        late = self._late_frame(frame, late_rows)
+        idx = np.flatnonzero(applied)
+        if not len(idx):
+            return late, None
+        sub, groups, panes = frame.take(idx), groups[idx], _floordiv(times[idx], self.pane)
+        tmp = self._new_state()
+        blob = {}
+        for p in np.unique(panes).tolist():
+            sel = np.flatnonzero(panes == p)
+            blob[p] = tmp.partial(sub.take(sel), groups[sel])
+        return late, {"panes": blob}
+
+    def combine(self, blob: dict) -> None:
+        for p, part in blob["panes"].items():
+            self._pane(p).combine(part)
+            s = (p // self.slide) * self.slide
+            while s + self.size > p:
+                end = s + self.size
+                for piece in part["parts"]:
+                    thr = self.fired_to[piece["key_groups"]]
+                    again = (end <= thr) & (thr < end + self.lateness)
+                    self.refire.update((k, s, end) for k in piece["keys"][again].tolist())
+                s -= self.slide
+
+    # -- migration and checkpoints: blobs per key, as WindowState's ------------------------------
+    def _per_key(self, groups, take: bool) -> dict:
+        states, order = {Floor(g): int(self.fired_to[g]) for g in groups}, list(groups)
+        blobs = {p: (st.cut(groups) if take else st.snapshot(groups)) for p, st in self.panes.items()}
+        for k, (g, panes) in self._as_per_key(blobs).items():
+            states[k] = panes
+            order.append(g)
+        for p, blob in blobs.items():
+            if not take:
+                self.panes[p].release(blob)
+            elif not len(self.panes[p]):
+                del self.panes[p]
+        return {"states": states, "key_groups": np.array(order, np.int64)}
+
+    def cut(self, groups) -> dict:
+        groups = sorted({int(g) for g in groups})
+        self.mark_dirty(groups)
+        return self._per_key(groups, take=True)
+
+    def snapshot(self, groups) -> dict:
+        return self._per_key(sorted({int(g) for g in groups}), take=False)
+
+    def cut_keys(self, keys, groups=None) -> dict:
+        keys = np.asarray(keys)
+        if groups is None:
+            from ..keygroups import assign_to_key_group
+
+            groups = assign_to_key_group(keys, self.groups, name=self.key_name) if len(keys) else np.zeros(0, np.int64)
+        groups = np.asarray(groups, np.int64)
+        self.mark_dirty(groups)
+        present = [int(g) for g in np.unique(groups)]
+        states, order = {Floor(g): int(self.fired_to[g]) for g in present}, list(present)
+        for p, st in list(self.panes.items()):
+            part_blob = st.cut_keys(keys, groups)
+            one = self._as_per_key({p: part_blob})
+            for k, (g, panes) in one.items():
+                if k not in states:
+                    states[k] = {}
+                    order.append(g)
+                states[k].update(panes)
+            if not len(st):
+                del self.panes[p]
+        return {"states": states, "key_groups": np.array(order, np.int64)}
+
+    def _as_per_key(self, blobs: dict) -> dict:
+        """``{pane: AggregateState blob}`` as ``{key: (group, {pane: payload})}``."""
+        where = {c: 4 * i for i, c in enumerate(self.payload.inputs)}
+        width = 4 * len(self.payload.inputs)
+        out: dict = {}
+        for p, blob in blobs.items():
+            for part in blob["parts"]:
+                cols = {where[c] + ("cnt", "sum", "min", "max").index(name): arr.tolist()
+                        for (name, c), arr in part["tables"].items()}
+                for i, (k, g) in enumerate(zip(part["keys"].tolist(), part["key_groups"].tolist())):
+                    pay = [0, 0, np.inf, -np.inf] * (width // 4)
+                    for j, vals in cols.items():
+                        pay[j] = vals[i]
+                    for j in range(0, width, 4):        # an empty input holds no extreme
+                        if not pay[j]:
+                            pay[j + 2], pay[j + 3] = np.inf, -np.inf
+                    out.setdefault(k, (g, {}))[1][p] = pay
+        return out
+
+    def install(self, blob: dict) -> None:
+        states, groups = blob["states"], blob["key_groups"].tolist()
+        self.mark_dirty(groups)
+        floors = {k.group: v for k, v in states.items() if isinstance(k, Floor)}
+        for g, v in floors.items():
+            self.fired_to[g] = max(self.fired_to[g], v)
+        by_pane: dict[int, list] = {}
+        for (k, panes), g in zip(states.items(), groups):
+            if isinstance(k, Floor):
+                continue
+            for p, pay in panes.items():
+                by_pane.setdefault(p, []).append((k, g, pay))
+        for p, rows in by_pane.items():
+            self._install_pane(p, rows, floors)
+        self.wants_fire = True
+
+    def _install_pane(self, p: int, rows: list, floors: dict) -> None:
+        st = self._pane(p)
+        keys = _key_array([k for k, _, _ in rows])
+        kg = np.array([g for _, g, _ in rows], np.int64)
+        tables, dtypes = {}, {}
+        for i, c in enumerate(self.payload.inputs):
+            hows = {h for cc, h in self.spec.values() if cc == c}
+            dt = self.payload.dtypes.get(c) or st.dtypes.get(c) or _dtype_of([pay[4 * i + 1] for _, _, pay in rows])
+            dtypes[c] = dt
+            tables[("cnt", c)] = np.array([pay[4 * i] for _, _, pay in rows], np.int64)
+            if hows & {"sum", "mean"}:
+                tables[("sum", c)] = np.array([pay[4 * i + 1] for _, _, pay in rows], dt)
+            for j, name in ((2, "min"), (3, "max")):
+                if name in hows:
+                    fill = (np.iinfo(np.int64).max if name == "min" else np.iinfo(np.int64).min) \
+                        if dt.kind == "i" else (np.inf if name == "min" else -np.inf)
+                    tables[(name, c)] = np.array([pay[4 * i + j] if np.isfinite(pay[4 * i + j]) else fill
+                                                  for _, _, pay in rows], dt)
+        st.install({"dtypes": dtypes, "parts": [{"keys": keys, "key_groups": kg, "tables": tables}]})
+        # windows that had not fired where the state comes from are due here
+        s = (p // self.slide) * self.slide
+        while s + self.size > p:
+            end = s + self.size
+            was = np.zeros(self.groups, bool)
+            for g in np.unique(kg).tolist():
+                was[g] = end <= floors.get(g, self.fired_to[g])
+            if end in self.fired:
+                self.fired[end][np.unique(kg)] = was[np.unique(kg)]
+            else:
+                mask = self.fired_to >= end
+                mask[np.unique(kg)] = was[np.unique(kg)]
+                self._track(end, mask)
+            s -= self.slide
+
+    def contains(self, keys, groups=None) -> np.ndarray:
+        out = np.zeros(len(keys), bool)
+        for st in self.panes.values():
+            out |= st.contains(keys, groups)
+        return out
+
+    def keys_per_group(self, groups) -> np.ndarray:
+        out = np.zeros(len(list(groups)), np.int64)
+        for st in self.panes.values():
+            out += st.keys_per_group(groups)
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(st) for st in self.panes.values())
+
+    def key_kind(self) -> str | None:
+        kinds = [st.key_kind() for st in self.panes.values() if len(st)]
+        return kinds[0] if kinds else None
+
+    def frame(self, touched=None) -> pd.DataFrame:
+        parts = [self._window(end - self.size, end, None if not done.any() else ~done)
+                 for end, done in sorted(self.fired.items())]
+        parts = [p for p in parts if p is not None]
+        if parts:
+            return pd.concat(parts, ignore_index=True)
+        cols = {self.key_name: np.zeros(0, np.int64), "window_start": from_ns(np.zeros(0, np.int64), self.time_type),
+                "window_end": from_ns(np.zeros(0, np.int64), self.time_type)}
+        return pd.DataFrame({**cols, **{c: np.zeros(0) for c in self.spec}})
+
+
+def _dtype_of(values: list) -> np.dtype:
+    return np.dtype(np.int64) if all(isinstance(v, (int, np.integer)) for v in values) else np.dtype(np.float64)
