@@ -10,7 +10,7 @@ from streamz import Stream
 
 from ._time import check_unit, duration_ns
 from .exceptions import PipelineError
-from .nodes import _check_name, _check_parallelism, _Described, _Late
+from ._node_base import _check_name, _check_parallelism, _Described, _Late
 
 
 @Stream.register_api()

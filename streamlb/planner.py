@@ -23,9 +23,7 @@ __all__ = ["Plan", "Stage", "Step", "plan"]
 
 SUPPORTED = ("from_parquet, from_iterable, with_watermark, key_by, aggregate, stateful_map, window, apply, "
              "rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
-
-#: Stage kinds that hold keyed state.
-KEYED_KINDS = ("aggregate", "stateful_map", "window")
+KEYED_KINDS = ("aggregate", "stateful_map", "window")     # stage kinds that hold keyed state
 
 
 @dataclass
@@ -295,7 +293,7 @@ class _Planner:
         if stage.watermark is not None:
             raise PipelineError(f"{what}: source {stage.name!r} already has with_watermark"
                                 f"({stage.watermark['column']!r}); a source has one event-time column")
-        stage.watermark = {"column": n.column, "delay": n.delay, "idle_timeout": n.idle_timeout, "unit": n.unit}
+        stage.watermark = {k: getattr(n, k) for k in ("column", "delay", "idle_timeout", "unit")}
         return Step("watermark", children=self.children(n, stage), name=n.column)
 
     def one_upstream(self, n: Stream) -> None:
@@ -321,7 +319,7 @@ class _Planner:
             label = f"{type(n).__name__} {n.op_name!r}" if getattr(n, "op_name", None) else type(n).__name__
             raise PipelineError(f"{label} needs a keyed input: put .key_by(column) right before it")
         if isinstance(n, _nt.apply):
-            raise PipelineError("apply needs windows: put .key_by(column).window(...) right before it")
+            raise PipelineError("apply needs windows: put .key_by(column).window(...) before it")
         if isinstance(n, nodes.to_parquet):
             self.parquet_paths.append(n.path)
             return Step("parquet_sink", path=n.path)

@@ -31,6 +31,7 @@ from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._stateful_map import _key_array
 from ._window_payload import Accumulators, Rows
+from ._window_sessions import Sessions
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _floordiv(t: np.ndarray, step: int) -> np.ndarray:
     return (t // step) * step
 
 
-class WindowState(StateStore):
+class WindowState(Sessions, StateStore):
     """Open windows of one window operator instance.
 
     ``window``: the stage's window (kind, size, slide, gap, lateness in nanoseconds, mode
@@ -117,8 +118,8 @@ class WindowState(StateStore):
         rows = np.concatenate(rows)
         out = frame.take(rows).reset_index(drop=True)
         tt = self.time_type
-        return out.assign(window_start=from_ns(np.concatenate(starts), tt), window_end=from_ns(np.concatenate(ends), tt),
-                          watermark=from_ns(np.concatenate(marks), tt))
+        return out.assign(window_start=from_ns(np.concatenate(starts), tt),
+                          window_end=from_ns(np.concatenate(ends), tt), watermark=from_ns(np.concatenate(marks), tt))
 
     def _windows_of(self, times: np.ndarray):
         """``(start, end, valid)`` arrays of each window a row is in (tumbling, hopping)."""
@@ -139,31 +140,6 @@ class WindowState(StateStore):
             if len(again):
                 self.refire.update(zip(keys[again].tolist(), start[again].tolist(), end[again].tolist()))
         return late_rows, applied
-
-    def _session_late(self, times, thr, keys):
-        """Late for sessions: a record whose own window ``[t, t + gap)`` is past lateness,
-        or that would join a session closed for good (kept as a tombstone, without its
-        payload, until no record can reach it any more): it is not applied at all."""
-        late = times + self.gap + self.lateness <= thr
-        out = []
-        if late.any():
-            r = np.flatnonzero(late)
-            out.append((r, times[r], times[r] + self.gap, thr[r]))
-        if self.closed:
-            rows, starts, ends = [], [], []
-            for r in np.flatnonzero(~late & pd.Index(keys).isin(list(self.closed))).tolist():
-                t = int(times[r])
-                for s in self.keys[keys[r]]:
-                    if s[4] and s[0] - self.gap <= t <= s[1] + self.gap:
-                        rows.append(r)
-                        starts.append(s[0])
-                        ends.append(s[1] + self.gap)
-                        late[r] = True
-                        break
-            if rows:
-                r = np.array(rows, np.int64)
-                out.append((r, np.array(starts, np.int64), np.array(ends, np.int64), thr[r]))
-        return out, late
 
     def _apply(self, frame, keys, groups, times) -> None:
         self.mark_dirty(groups)
@@ -251,52 +227,6 @@ class WindowState(StateStore):
             s -= self.slide
         heapq.heappush(self._expire, (last_start + self.size + self.lateness, next(self._n), key))
 
-    def _apply_sessions(self, frame, codes, uniq_keys, groups, times) -> None:
-        order = np.lexsort((times, codes))
-        c, t = codes[order], times[order]
-        brk = np.ones(len(t), bool)
-        brk[1:] = (c[1:] != c[:-1]) | (t[1:] - t[:-1] > self.gap)
-        sess = np.cumsum(brk) - 1
-        n = int(sess[-1]) + 1 if len(sess) else 0
-        payloads = self.payload.build(frame.take(order), sess, n)
-        heads = np.flatnonzero(brk)
-        tails = np.concatenate((heads[1:] - 1, [len(t) - 1])) if len(heads) else heads
-        for h, e, pay in zip(heads.tolist(), tails.tolist(), payloads):
-            key = uniq_keys[c[h]]
-            g = int(groups[order[h]])
-            sessions = self.keys.get(key)
-            if sessions is None:
-                sessions = self._new_key(key, g, [])
-            self._merge_session(key, g, sessions, [int(t[h]), int(t[e]), pay, False, False], record=True)
-
-    def _merge_session(self, key, g: int, sessions: list, new: list, record: bool) -> None:
-        """Merge session ``new`` into ``sessions`` of ``key`` (``record``: new records,
-        which re-fire a fired session they join; else installed state)."""
-        keep, merged = [], new
-        if merged[4]:       # a tombstone (installed): kept as it is
-            sessions.append(merged)
-            sessions.sort(key=lambda s: s[0])
-            self.closed.add(key)
-            return
-        for s in sessions:
-            if not s[4] and s[0] <= merged[1] + self.gap and s[1] + self.gap >= merged[0]:
-                merged = [min(s[0], merged[0]), max(s[1], merged[1]), self.payload.merge(s[2], merged[2]),
-                          s[3] or merged[3], False]
-            else:
-                keep.append(s)
-        end = merged[1] + self.gap
-        if merged[3]:
-            if end > self.fired_to[g]:
-                merged[3] = False
-            elif record:
-                self.refire.add((key, merged[0], end))      # a fired session took a late record
-        if not merged[3]:       # due (at once if its end has passed: installed, never fired)
-            heapq.heappush(self._due, (end, next(self._n), key))
-        keep.append(merged)
-        keep.sort(key=lambda s: s[0])
-        sessions[:] = keep
-
-    # -- firing -------------------------------------------------------------------------------
     def advance(self, watermark: int) -> list:
         """The operator's watermark is ``watermark``: fire what is due, drop what expired.
         Returns ``(key, start, end, payload)`` of every window fired (late firings too)."""
@@ -381,24 +311,6 @@ class WindowState(StateStore):
                     del state[p]
             if not state:
                 self._drop(key)
-
-    def _close_sessions(self, key, state: list, limit: int) -> None:
-        """Fired sessions past lateness become tombstones; a tombstone goes once a record
-        that could join it is late anyway (``gap`` further on)."""
-        keep = []
-        for s in state:
-            if s[3] and s[1] + self.gap <= limit:
-                if s[1] + 2 * self.gap <= limit:
-                    continue
-                if not s[4]:
-                    s[2], s[4] = None, True
-                    heapq.heappush(self._expire, (s[1] + 2 * self.gap + self.lateness, next(self._n), key))
-            keep.append(s)
-        state[:] = keep
-        if any(s[4] for s in keep):
-            self.closed.add(key)
-        else:
-            self.closed.discard(key)
 
     def _drop(self, key) -> None:
         self.closed.discard(key)
@@ -514,27 +426,7 @@ class WindowState(StateStore):
     def frame(self, touched=None) -> pd.DataFrame:
         """The windows still open (not fired), in the operator's output columns; for
         ``apply``, each open window's ``rows`` held."""
-        open_ = []
-        for key, state in self.keys.items():
-            g = self.group_of[key]
-            if self.kind == "session":
-                open_ += [(key, s[0], s[1] + self.gap, s[2]) for s in state if not s[3] and not s[4]]
-                continue
-            starts = {(p // self.slide) * self.slide - j * self.slide for p in state
-                      for j in range(-(-self.size // self.slide))}
-            for s in sorted(starts):
-                if s + self.size > self.fired_to[g] and (w := self._window(key, s, s + self.size)) is not None:
-                    open_.append(w)
-        if isinstance(self.payload, Accumulators):
-            out = self.rows(open_)
-            if out is None:
-                out = self.rows([(0, 0, 0, [0] * (4 * len(self.payload.inputs)))]).iloc[:0]
-            return out
-        tt = self.time_type
-        return pd.DataFrame({self.key_name: [w[0] for w in open_],
-                             "window_start": from_ns(np.array([w[1] for w in open_], np.int64), tt),
-                             "window_end": from_ns(np.array([w[2] for w in open_], np.int64), tt),
-                             "rows": [self.payload.size(w[3]) for w in open_]})
+        return _open_windows(self)
 
 
 def _copy_state(state, payload):
@@ -542,6 +434,31 @@ def _copy_state(state, payload):
     if isinstance(state, dict):
         return {p: payload.copy(v) for p, v in state.items()}
     return [[s[0], s[1], payload.copy(s[2]) if s[2] is not None else None, s[3], s[4]] for s in state]
+
+
+def _open_windows(self) -> pd.DataFrame:
+    """``WindowState.frame``: its windows not fired yet."""
+    open_ = []
+    for key, state in self.keys.items():
+        g = self.group_of[key]
+        if self.kind == "session":
+            open_ += [(key, s[0], s[1] + self.gap, s[2]) for s in state if not s[3] and not s[4]]
+            continue
+        starts = {(p // self.slide) * self.slide - j * self.slide for p in state
+                  for j in range(-(-self.size // self.slide))}
+        for s in sorted(starts):
+            if s + self.size > self.fired_to[g] and (w := self._window(key, s, s + self.size)) is not None:
+                open_.append(w)
+    if isinstance(self.payload, Accumulators):
+        out = self.rows(open_)
+        if out is None:
+            out = self.rows([(0, 0, 0, [0] * (4 * len(self.payload.inputs)))]).iloc[:0]
+        return out
+    tt = self.time_type
+    return pd.DataFrame({self.key_name: [w[0] for w in open_],
+                         "window_start": from_ns(np.array([w[1] for w in open_], np.int64), tt),
+                         "window_end": from_ns(np.array([w[2] for w in open_], np.int64), tt),
+                         "rows": [self.payload.size(w[3]) for w in open_]})
 
 
 __all__ = ["WindowState", "Floor", "MAX_TIME"]

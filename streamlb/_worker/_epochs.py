@@ -71,3 +71,14 @@ class EpochParticipant:
     async def idle(self) -> bool:
         """Nothing queued, held or in flight from this instance."""
         return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
+
+    def release_deferred(self) -> None:
+        """Rows (and sibling messages) that waited for a marker or a checkpoint go first again;
+        those of senders still held wait again, in order."""
+        if self.deferred:
+            self.inbox.ready.extendleft(reversed(self.deferred))
+            self.deferred.clear()
+        if self.ctl_deferred:
+            self.ctl.ready.extendleft(reversed(self.ctl_deferred))
+            self.ctl_deferred.clear()
+        self._wake.set()

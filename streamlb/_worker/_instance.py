@@ -31,7 +31,7 @@ from ._exchange import KeyedRouter, make_exchange
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
                         Marker, Partial, PeerEnd, PeerWatermark, Watermark)
 from ._metrics import CostServer, Metrics
-from ._operators import make_operator
+from ._kinds import make_operator
 from ._reads import Readable
 from ._reconfig import Reconfigurable
 from ._sinks import Sinks
@@ -334,14 +334,3 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.status = "done"
         self.tasks.cancel()
         await self.ckpt.flush()     # a checkpoint that aligned meanwhile: of the final state
-
-    def release_deferred(self) -> None:
-        """Rows (and sibling messages) that waited for a marker or a checkpoint go first again;
-        those of senders still held wait again, in order."""
-        if self.deferred:
-            self.inbox.ready.extendleft(reversed(self.deferred))
-            self.deferred.clear()
-        if self.ctl_deferred:
-            self.ctl.ready.extendleft(reversed(self.ctl_deferred))
-            self.ctl_deferred.clear()
-        self._wake.set()

@@ -182,20 +182,3 @@ class Aggregate(_Keyed):
         touched = self.store.combine(msg.blob)
         if self.stage.children:
             await self.ctx.steps.run(self.stage.children, self.store.frame(touched), msg.emitted)
-
-
-def make_operator(ctx) -> OperatorLogic:
-    """The operator logic for the instance ``ctx``'s stage."""
-    kind = ctx.stage.kind
-    if kind == "window":
-        from ._window_op import WindowOperator
-
-        return WindowOperator(ctx)
-    if kind == "aggregate":
-        return Aggregate(ctx)
-    if kind == "stateful_map":
-        return StatefulMap(ctx)
-    if (ctx.stage.shuffle or {}).get("policy") == "osg":
-        return ByFeature(ctx)
-    return Stateless(ctx)
-

@@ -1,0 +1,18 @@
+"""Which operator logic runs a stage: by its kind (a new operator registers here)."""
+from __future__ import annotations
+
+from ._operators import Aggregate, ByFeature, OperatorLogic, StatefulMap, Stateless
+from ._window_op import WindowOperator
+
+#: stage kind -> the logic of its instances (stateless stages: by their shuffle policy)
+KINDS = {"aggregate": Aggregate, "stateful_map": StatefulMap, "window": WindowOperator}
+
+
+def make_operator(ctx) -> OperatorLogic:
+    """The operator logic for the instance ``ctx``'s stage."""
+    logic = KINDS.get(ctx.stage.kind)
+    if logic is not None:
+        return logic(ctx)
+    if (ctx.stage.shuffle or {}).get("policy") == "osg":
+        return ByFeature(ctx)
+    return Stateless(ctx)
