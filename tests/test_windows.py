@@ -218,3 +218,24 @@ def test_the_dashboard_names_the_watermark_and_late_records():
     _totals.count_event_time(job, "w", 1, 2, pd.Timestamp("2026-01-01 00:00:10").value)
     text = event_time_text(job, "w", 2)
     assert "watermark 2026-01-01 00:00:00 (" in text and text.endswith(", 7 late records")
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "hopping"])
+def test_allowed_lateness_fires_again_and_the_last_row_is_exact(two_workers, disordered, disordered_frame, kind):
+    """lateness=2s, no delay: a record up to 2 s past its window's end updates it and the
+    window's row comes again; the last row of each key and window is exact, records later
+    than that are the late output."""
+    src = Stream.from_parquet(disordered, batch_size=250).with_watermark("event_time")
+    op = src.key_by("key").window(**WINDOWS[kind][0], lateness="2s").aggregate(SPEC, parallelism=4, name="w")
+    out, late = [], []
+    op.sink(out.append)
+    op.late().sink(late.append)
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait()
+    rows = pd.concat(out, ignore_index=True)
+    last = rows.groupby(["key", "window_start"], sort=False).tail(1)
+    lf = late_frame(late)
+    if lf is not None:
+        assert (lf["window_end"] + pd.Timedelta("2s") <= lf["watermark"]).all()
+    assert len(rows) > len(last), "no window fired twice: nothing came within the lateness"
+    check(emitted([last]), expected(disordered_frame, kind, lf, **WINDOWS[kind][1]))

@@ -133,3 +133,19 @@ def test_splitting_a_session_window_key_is_refused(two_workers, disordered):
         with pytest.raises(MigrationError, match="'w' is a window: only the keys of an aggregate, or of a tumbling or hopping window aggregate"):
             job.split("w", 1, [0, 1])
         job.wait(timeout=120)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_windows_exact_while_autoflow_balances(two_workers, disordered, disordered_frame, strategy):
+    """The autoflow balancer moves key groups by itself (skewed keys, short load windows),
+    with each strategy: nothing late with a delay covering the disorder, every window
+    exact and fired once."""
+    src, out, late = paced(disordered, "tumbling", "3s")
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="autoflow", window=0.2,
+                      migration=strategy) as job:
+        job.wait(timeout=120)
+        moves = [h for h in job.history if h.get("operator") == "w" and "kind" not in h]
+    assert moves, "autoflow moved nothing"
+    assert {h["strategy"] for h in moves} == {strategy}
+    assert late == []
+    check(emitted(out), expected(disordered_frame, "tumbling", **WINDOWS["tumbling"][1]))
