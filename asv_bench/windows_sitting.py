@@ -23,7 +23,9 @@ def main() -> None:
                                     capture_output=True, text=True).stdout.strip()}
     for r in range(2):
         out[f"streamlb_{r}"] = w.streamlb_rate(path, runs=2)
-        print("streamlb records/s", out[f"streamlb_{r}"], flush=True)
+        print("streamlb records/s (defaults)", out[f"streamlb_{r}"], flush=True)
+        out[f"streamlb4_{r}"] = w.streamlb_rate(path, runs=2, parallelism=4)
+        print("streamlb records/s (4 window instances)", out[f"streamlb4_{r}"], flush=True)
         out[f"spark_{r}"] = w.spark_rate(path, runs=2)
         print("Spark SS records/s", out[f"spark_{r}"], flush=True)
         print("ratio", out[f"streamlb_{r}"] / out[f"spark_{r}"], flush=True)
