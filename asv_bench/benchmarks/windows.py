@@ -119,7 +119,7 @@ def latencies(path: str, rate: float = 200_000) -> tuple[float, float]:
     cl, client = cluster(2)
     with cl, client:
         src = Stream.from_parquet(path, rate=rate, event_time="event_time").with_watermark("event_time", delay="3s")
-        lat = src.key_by("key").window(size="10s").aggregate(SPEC, parallelism=4, name="w").map(stamp).sink_to_list()
+        lat = src.key_by("key").window(size="10s").aggregate(SPEC, name="w").map(stamp).sink_to_list()
         with streamlb.run(src, client=client, balancer="static") as job:
             job.wait()
     got = np.concatenate(lat) * 1e3
