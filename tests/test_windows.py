@@ -165,6 +165,8 @@ def test_a_split_idle_for_idle_timeout_holds_nothing_back():
     clock.last["a"] = now + 6
     assert clock.watermark({"a", "b"}, now + 6) == (98 * S, False)       # b idle: a alone
     assert clock.watermark(set(), now) == (MAX_TIME, False)              # every split ended
+    clock.last["a"] = clock.last["b"] = clock.started + 5
+    assert clock.watermark({"a", "b", "c"}, clock.started + 5.5) == (38 * S, False)   # c silent 5 s: idle
 
 
 def _stamp(frame):
@@ -239,3 +241,54 @@ def test_allowed_lateness_fires_again_and_the_last_row_is_exact(two_workers, dis
         assert (lf["window_end"] + pd.Timedelta("2s") <= lf["watermark"]).all()
     assert len(rows) > len(last), "no window fired twice: nothing came within the lateness"
     check(emitted([last]), expected(disordered_frame, kind, lf, **WINDOWS[kind][1]))
+
+
+def _crossing(frame):
+    """One row per batch of file A (keys < 100): its largest event time, and when it left."""
+    import time
+
+    a = frame[frame.key < 100]
+    return pd.DataFrame({"top": [a.event_time.max()], "sent_at": [time.time()]}) if len(a) else frame.iloc[:0, :0]
+
+
+def _idle_run(client, root, idle_timeout):
+    src = Stream.from_parquet(str(root), batch_size=100, rate=1_500)
+    crossings = src.map(_crossing).sink_to_list()
+    op = src.with_watermark("event_time", idle_timeout=idle_timeout).key_by("key").window(size="10s").aggregate(
+        SPEC, name="w")
+    out, late = [], []
+    op.map(_stamp).sink(out.append)
+    op.late().sink(late.append)
+    with streamlb.run(src, client=client, balancer="static") as job:
+        job.wait()
+    cross = pd.concat([c for c in crossings if len(c)], ignore_index=True).sort_values("sent_at")
+    got = pd.concat(out, ignore_index=True)
+    # how long after file A's records passed each window's end the window's row came
+    first = {end: cross[cross.top >= end].sent_at.min() for end in got.window_end.unique()}
+    delays = got.emitted_at - got.window_end.map(first)
+    return got, late_frame(late), delays
+
+
+def test_an_idle_source_instance_does_not_stall_windows(two_workers, tmp_path):
+    """Two files, one source instance each: A holds 3000 records over 60 s of event time;
+    B, paced to finish with it, emits 100 records of the first second about a third into
+    the stream and 100 of the last second at its end, nothing between. With idle_timeout
+    0.2 s every window comes within idle_timeout + one load window (1 s) of A's records
+    passing its end, B's early records are late, and the rest is exact; with the
+    idle_timeout longer than the stream, B holds the windows back until its end."""
+    base = pd.Timestamp("2026-01-01")
+    a = pd.DataFrame({"key": np.arange(3000) % 7, "value": np.arange(3000) % 5,
+                      "event_time": base + pd.to_timedelta(np.linspace(0, 60, 3000, endpoint=False), unit="s")})
+    b = pd.DataFrame({"key": 100 + np.arange(200) % 7, "value": 1,
+                      "event_time": base + pd.to_timedelta(np.r_[np.linspace(0, 1, 100, endpoint=False),
+                                                                 np.linspace(59, 60, 100, endpoint=False)], unit="s")})
+    a.to_parquet(tmp_path / "a.parquet")
+    b.to_parquet(tmp_path / "b.parquet")
+    got, lf, delays = _idle_run(two_workers, tmp_path, "0.2s")
+    assert delays.max() <= 0.2 + 1.0, delays.describe()
+    assert lf is not None and (lf.key >= 100).all() and (lf.event_time < base + pd.Timedelta("1s")).all()
+    check(emitted([got.drop(columns="emitted_at")]),
+          expected(pd.concat([a, b], ignore_index=True), "tumbling", lf, size=10 * S, slide=10 * S))
+    _, lf, delays = _idle_run(two_workers, tmp_path, "30s")
+    assert lf is None and delays.max() > 0.2 + 1.0      # the same stream, B never idle
+

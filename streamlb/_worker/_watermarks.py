@@ -31,7 +31,7 @@ class SplitClock:
         self.top: dict[str, int] = {}           # split -> largest event time emitted
         self.last: dict[str, float] = {}        # split -> when it last emitted (processing time)
         self.current = "_"                      # the split of the batch being emitted
-        self.time_type = None
+        self.started = time.time()              # a split that never emitted is idle from then
 
     def observe(self, frame: pd.DataFrame, dead) -> pd.DataFrame:
         """The watermark step: note the batch's event times; rows without one go to the
@@ -55,8 +55,10 @@ class SplitClock:
         return frame
 
     def watermark(self, live: set[str], now: float) -> tuple[int, bool]:
-        """``(watermark, idle)`` over the splits in ``live`` (unfinished)."""
-        active = [s for s in live if now - self.last.get(s, now) <= self.idle_timeout]
+        """``(watermark, idle)`` over the splits in ``live`` (unfinished). A split that has
+        emitted nothing for ``idle_timeout`` (since the source started, if it never has) is
+        idle and left out."""
+        active = [s for s in live if now - self.last.get(s, self.started) <= self.idle_timeout]
         if not live:
             return MAX_TIME, False
         if not active:
