@@ -100,7 +100,7 @@ def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0
 
     return {
         st.id: ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balanced, st.shuffle,
-                            hot_keys if st.kind == "aggregate" else 0)
+                            hot_keys if st.splittable else 0)
         for st in stages if not st.is_source
     }
 

@@ -149,3 +149,19 @@ def test_windows_exact_while_autoflow_balances(two_workers, disordered, disorder
     assert {h["strategy"] for h in moves} == {strategy}
     assert late == []
     check(emitted(out), expected(disordered_frame, "tumbling", **WINDOWS["tumbling"][1]))
+
+
+def test_hybrid_splits_a_hot_window_key_by_itself(two_workers, disordered, disordered_frame):
+    """``hybrid`` (splitting keys above a fifth of the mean instance load) splits hot keys of
+    a tumbling window aggregate on its own: each window fired once at the key's home,
+    exact, nothing late."""
+    src, out, late = paced(disordered, "tumbling", "3s")
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="hybrid", window=0.2,
+                      balancer_options={"split_at": 0.2, "piece": 0.15, "merge_below": 0.1}) as job:
+        job.wait(timeout=120)
+        splits = [h for h in job.history if h.get("strategy") == "split" and h.get("splits")]
+        metrics = job.metrics()
+    assert splits, "hybrid split no key"
+    assert metrics[metrics.operator == "w"].split_records.sum() > 0
+    assert late == []
+    check(emitted(out), expected(disordered_frame, "tumbling", **WINDOWS["tumbling"][1]))
