@@ -130,7 +130,8 @@ def test_a_split_hot_key_of_a_window_aggregate_is_exact(two_workers, disordered,
 def test_splitting_a_session_window_key_is_refused(two_workers, disordered):
     src, out, late = paced(disordered, "session", "3s")
     with streamlb.run(src, client=two_workers, key_groups=G, balancer="static") as job:
-        with pytest.raises(MigrationError, match="'w' is a window: only the keys of an aggregate, or of a tumbling or hopping window aggregate"):
+        with pytest.raises(MigrationError, match="'w' is a window: only the keys of an aggregate, or of a tumbling "
+                                                 "or hopping window aggregate"):
             job.split("w", 1, [0, 1])
         job.wait(timeout=120)
 
