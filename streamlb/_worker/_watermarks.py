@@ -99,7 +99,9 @@ class Watermarks:
         await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:
-        """A source's idleness shows even when it emits nothing."""
+        """A source's idleness shows even when it emits nothing (counted from now: the
+        source starts)."""
+        self.clock.started = time.time()
         every = min(max(self.clock.idle_timeout / 4, 0.05), 1.0)
         while True:
             await asyncio.sleep(every)
@@ -130,7 +132,6 @@ class Watermarks:
             return await self._advance(MIN_TIME, True, made_at)
         await self._advance(min(self.per_sender.get(s, MIN_TIME) for s in active), False, made_at)
 
-    # -- both -----------------------------------------------------------------------------------
     # -- split keys: a home waits for its helpers ------------------------------------------------
     def _gated(self) -> bool:
         return bool(getattr(self.inst, "combines", False)) and self.inst.stage.kind == "window"
@@ -179,6 +180,7 @@ class Watermarks:
         if self._gated() or self.peers:
             await self._advance(MIN_TIME, self.idle, time.time())
 
+    # -- both -----------------------------------------------------------------------------------
     async def _advance(self, wm: int, idle: bool, made_at: float) -> None:
         async with self.lock:
             if wm > self.own:
