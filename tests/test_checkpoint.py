@@ -93,7 +93,9 @@ def test_checkpoints_are_exact_incremental_and_retained(two_workers, data, tmp_p
     cps = job.checkpoints()
     assert len(cps) >= 3 and job.checkpoint_failures == 0
     assert cps["full"].iloc[0] and not cps["full"].iloc[1:].any()
-    assert (cps["bytes_written"] > 0).all() and (cps["duration"] > 0).all()
+    # a checkpoint taken before the sources' first rows holds no key (a slow start under load)
+    assert (cps["bytes_written"][cps["keys"] > 0] > 0).all() and (cps["duration"] > 0).all()
+    assert cps["keys"].iloc[-1] > 0
     assert list(cps["id"]) == sorted(cps["id"]) and cps["kind"].eq("checkpoint").all()
     # only the newest two are kept, and every file they name is there, unchanged
     kept = sorted(d for d in os.listdir(ck) if d.startswith("chk-"))

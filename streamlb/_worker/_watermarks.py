@@ -123,7 +123,9 @@ class Watermarks:
         if not self.active:
             return
         al = self.inst.aligner
-        live = al.senders - al.ended
+        # a sender at +inf has ended its stream (its end follows): like an ended one it
+        # holds nothing back, and it does not carry idle senders to +inf with it
+        live = [s for s in al.senders - al.ended if self.per_sender.get(s, MIN_TIME) < MAX_TIME]
         made_at = made_at or time.time()
         if not live:
             return await self._advance(MAX_TIME, False, made_at)
