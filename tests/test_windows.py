@@ -291,3 +291,20 @@ def test_an_idle_source_instance_does_not_stall_windows(two_workers, tmp_path):
           expected(pd.concat([a, b], ignore_index=True), "tumbling", lf, size=10 * S, slide=10 * S))
     _, lf, delays = _idle_run(two_workers, tmp_path, "30s")
     assert lf is None and delays.max() > 0.2 + 1.0      # the same stream, B never idle
+
+
+def test_bad_event_times_and_values_go_to_dead_letters(two_workers):
+    """A null event time, and a value that is not a number, are set aside with the reason;
+    the other records are counted."""
+    base = pd.Timestamp("2026-01-01")
+    frame = pd.DataFrame({"key": [1, 1, 2, 2, 1], "value": [1, "x", 3, 4, 5],
+                          "event_time": [base, base, pd.NaT, base + pd.Timedelta("1s"), base + pd.Timedelta("12s")]})
+    src = Stream.from_iterable([frame]).with_watermark("event_time")
+    out = []
+    src.key_by("key").window(size="10s").aggregate(SPEC, name="w").sink(out.append)
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait()
+        dead = job.dead_letters()
+    assert sorted(dead.reason) == ["column 'value' holds 'x', not a number", "event time 'event_time' is null"]
+    got = pd.concat(out, ignore_index=True).sort_values(["key", "window_start"])
+    assert got[["key", "n", "total"]].values.tolist() == [[1, 1, 1], [1, 1, 5], [2, 1, 4]]

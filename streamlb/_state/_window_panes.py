@@ -146,6 +146,10 @@ class PaneWindowState(WindowState):
                 "window_end": from_ns(np.full(len(values), end, np.int64), tt)}
         return pd.DataFrame({**head, **{c: values[c].to_numpy() for c in self.spec}})
 
+    def clean(self, frame: pd.DataFrame):
+        """As the keyed aggregate's: values of summed columns that are not numbers are bad."""
+        return self._new_state().clean(frame)
+
     def _new_state(self) -> AggregateState:
         return AggregateState(self.operator, self.raw, self.key_name, self.groups)
 

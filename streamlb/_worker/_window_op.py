@@ -26,7 +26,8 @@ class WindowOperator(_Keyed):
         self._typed = False
 
     def accept(self, frame: pd.DataFrame, groups):
-        """Rows without an event time, and rows an aggregate cannot sum, go to the dead letters."""
+        """Rows without an event time, and rows whose summed columns are not numbers, go to
+        the dead letters."""
         col = frame.get(self.column)
         if col is None:
             from ..exceptions import SchemaError
@@ -37,7 +38,11 @@ class WindowOperator(_Keyed):
         if bad is not None:
             self.ctx.dead.add(self.stage.name, frame[bad], [f"event time {self.column!r} is null"] * int(bad.sum()))
             frame, groups = frame[~bad], (groups[~bad] if groups is not None else None)
-        return frame, groups
+        cleaned, bad, reasons = self.store.clean(frame)
+        if bad is not None:
+            self.ctx.dead.add(self.stage.name, frame[bad], reasons)
+            cleaned, groups = cleaned[~bad], (groups[~bad] if groups is not None else None)
+        return cleaned, groups
 
     async def on_batch(self, frame: pd.DataFrame, groups, emitted: float) -> None:
         ctx, store = self.ctx, self.store
