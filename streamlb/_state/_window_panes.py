@@ -43,6 +43,7 @@ class PaneWindowState(WindowState):
                     self.raw[f"{h}:{c}"] = (c, h)
         self.panes: dict[int, AggregateState] = {}
         self.fired: dict[int, np.ndarray] = {}      # window end -> key groups it fired for
+        self._checker: AggregateState | None = None  # checks batches (clean), holds nothing
         self._ends: list = []                       # heap of those ends
 
     def _pane(self, p: int) -> AggregateState:
@@ -147,8 +148,11 @@ class PaneWindowState(WindowState):
         return pd.DataFrame({**head, **{c: values[c].to_numpy() for c in self.spec}})
 
     def clean(self, frame: pd.DataFrame):
-        """As the keyed aggregate's: values of summed columns that are not numbers are bad."""
-        return self._new_state().clean(frame)
+        """As the keyed aggregate's: values of summed columns that are not numbers are bad
+        (checked by one empty keyed aggregate kept for it, not one made per batch)."""
+        if self._checker is None:
+            self._checker = self._new_state()
+        return self._checker.clean(frame)
 
     def _new_state(self) -> AggregateState:
         return AggregateState(self.operator, self.raw, self.key_name, self.groups)
@@ -194,14 +198,11 @@ class PaneWindowState(WindowState):
 
     # -- split keys ---------------------------------------------------------------------------
     def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
-        keys = frame[self.key_name].to_numpy()
-        groups = np.asarray(groups, np.int64)
-        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
-        late = self._late_frame(frame, late_rows)
-        idx = np.flatnonzero(applied)
-        if not len(idx):
+        late, taken = self._helper_rows(frame, groups, times)
+        if taken is None:
             return late, None
-        sub, groups, panes = frame.take(idx), groups[idx], _floordiv(times[idx], self.pane)
+        sub, _, groups, times = taken
+        panes = _floordiv(times, self.pane)
         tmp = self._new_state()
         blob = {}
         for p in np.unique(panes).tolist():

@@ -172,14 +172,10 @@ class WindowState(Sessions, StateStore):
         this instance's watermark are the late ones (the home waits for this instance's
         watermark before it fires, see docs/windows.md); the others are aggregated per key
         and pane, for :meth:`combine` at the home. Nothing is kept here."""
-        keys = frame[self.key_name].to_numpy()
-        groups = np.asarray(groups, np.int64)
-        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
-        late = self._late_frame(frame, late_rows)
-        idx = np.flatnonzero(applied)
-        if not len(idx):
+        late, taken = self._helper_rows(frame, groups, times)
+        if taken is None:
             return late, None
-        sub, keys, groups, times = frame.take(idx), keys[idx], groups[idx], times[idx]
+        sub, keys, groups, times = taken
         codes, uniq = pd.factorize(keys, sort=False)
         pcodes, pairs = pd.factorize(pd.MultiIndex.from_arrays([codes, _floordiv(times, self.pane)]), sort=False)
         payloads = self.payload.build(sub, np.asarray(pcodes), len(pairs))
@@ -188,6 +184,18 @@ class WindowState(Sessions, StateStore):
         uniq = uniq.tolist()
         return late, {"panes": [(uniq[kc], g, p, pay) for (kc, p), g, pay in
                                 zip(pairs.tolist(), groups[first].tolist(), payloads)]}
+
+    def _helper_rows(self, frame: pd.DataFrame, groups, times):
+        """A helper's rows of split keys: ``(late rows, (rows, keys, groups, times) of the
+        others)``, late by this instance's watermark; the second is None if none is left."""
+        keys = frame[self.key_name].to_numpy()
+        groups = np.asarray(groups, np.int64)
+        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
+        late = self._late_frame(frame, late_rows)
+        idx = np.flatnonzero(applied)
+        if not len(idx):
+            return late, None
+        return late, (frame.take(idx), keys[idx], groups[idx], times[idx])
 
     def combine(self, blob: dict) -> None:
         """Merge a helper's partial aggregates; windows that fired already (within their

@@ -22,7 +22,6 @@ class WindowOperator(_Keyed):
         w = self.stage.window
         self.column, self.unit = w["column"], w["unit"]
         self.what = f"window operator {self.stage.name!r} (event time {self.column!r})"
-        self.late_count = 0
         self._typed = False
 
     def accept(self, frame: pd.DataFrame, groups):
@@ -112,7 +111,6 @@ class WindowOperator(_Keyed):
                 await self.ctx.steps.run(self.stage.children, out, made_at)
 
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
-        self.late_count += len(rows)
         self.ctx.meter.late(len(rows))
         if self.stage.late:
             await self.ctx.steps.run(self.stage.late, rows, emitted)
