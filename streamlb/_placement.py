@@ -95,14 +95,37 @@ def hot_keys_for(balancer: str | None, options: dict | None) -> int:
 
 
 def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0) -> dict:
-    """How records reach each stage that is not a source: stage id -> ``ExchangeSpec``."""
+    """How records reach each stage that is not a source: stage id -> ``ExchangeSpec``; for
+    the right side of a join, ``(stage id, 1)`` -> the spec of its key."""
     from ._worker import ExchangeSpec
 
-    return {
-        st.id: ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balanced, st.shuffle,
-                            hot_keys if st.splittable else 0)
-        for st in stages if not st.is_source
-    }
+    out = {}
+    for st in stages:
+        if st.is_source:
+            continue
+        out[st.id] = ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balanced, st.shuffle,
+                                  hot_keys if st.splittable else 0)
+        if st.join is not None:
+            out[(st.id, 1)] = ExchangeSpec(st.exchange, st.name, st.keys[1], st.join["key_names"][1], balanced)
+    return out
+
+
+def senders(stage: Stage, stages: list[Stage], runs: dict | None = None, *, numbered: bool = False):
+    """The senders an instance of ``stage`` hears: 0 for a source; else the count of its one
+    input's instances, or (several inputs, or ``numbered``) each sender's run by its id
+    (``Stage.sender``), from ``runs`` (``(stage id, index) -> run``)."""
+    if not stage.inputs:
+        return 0
+    by_id = {s.id: s for s in stages}
+    if len(stage.inputs) == 1 and not numbered and not runs:
+        return by_id[stage.inputs[0]].parallelism
+    return {stage.sender(u, j): (runs or {}).get((u, j), 0)
+            for u in stage.inputs for j in range(by_id[u].parallelism)}
+
+
+def outputs_of(stage: Stage, stages: list[Stage]) -> list[Stage]:
+    """The stages ``stage`` sends to."""
+    return [d for d in stages if stage.id in d.inputs]
 
 
 def peers(actors: dict, stage: Stage, runs: dict | None = None) -> list[tuple]:
@@ -138,14 +161,30 @@ def wire(actors: dict, stages: list[Stage], tables: dict, exchanges: dict, *, re
     """
     by_stage = {st.id: peers(actors, st) for st in stages}
     siblings = {st.id: peers(actors, st, runs or {}) for st in stages}
-    downstream = {st.id: [d.id for d in stages if d.upstream == st.id] for st in stages}
+    by_id = {st.id: st for st in stages}
+    downstream = {st.id: [d.id for d in outputs_of(st, stages)] for st in stages}
     keys = list(actors if keys is None else keys)
     calls = []
     for sid, i in keys:
         outs = {d: by_stage[d] for d in downstream[sid]}
+        specs = {d: _spec_from(exchanges, by_id[d], sid) for d in outs}
         calls.append(actors[(sid, i)].connect(outs, {d: tables[d] for d in outs if d in tables},
-                                              exchanges, siblings[sid], report))
+                                              specs, siblings[sid], report,
+                                              slots={d: by_id[d].inputs.index(sid) for d in outs},
+                                              bases={d: _base(by_id, by_id[d], sid) for d in outs}))
     return dict(zip(keys, [c.result() for c in calls]))
+
+
+def _base(by_id: dict, target: Stage, upstream: int) -> int:
+    """Routers into ``target`` from the inputs before ``upstream``'s (``topology`` order)."""
+    return sum(by_id[u].parallelism for u in target.inputs[:target.inputs.index(upstream)])
+
+
+def _spec_from(exchanges: dict, target: Stage, upstream: int):
+    """The exchange spec stage ``upstream``'s routers use into ``target`` (its side's key)."""
+    if target.sides and target.sides[target.inputs.index(upstream)] == 1:
+        return exchanges[(target.id, 1)]
+    return exchanges[target.id]
 
 
 def start(actors: dict, stages: list[Stage], resume: dict | None = None) -> None:

@@ -1,23 +1,61 @@
-"""Planning event time: which column each window stage reads, and checks of it."""
+"""Planning event time: which column each window, join and process stage reads, and checks of it."""
 from __future__ import annotations
 
 from .exceptions import PipelineError, SchemaError
 
 
+def _sources(by_id, st) -> list:
+    """The sources whose records reach stage ``st`` (through any of its inputs)."""
+    out, todo, seen = [], [st], set()
+    while todo:
+        s = todo.pop()
+        if s.id in seen:
+            continue
+        seen.add(s.id)
+        if s.is_source:
+            out.append(s)
+        else:
+            todo.extend(by_id[u] for u in s.inputs)
+    return sorted(out, key=lambda s: s.id)
+
+
+def _clock(by_id, st, slots, what: str, needed: bool = True) -> tuple:
+    """``(column, unit)`` of the event time of the sources behind input ``slots`` of ``st``:
+    one column for all of them; ``(None, None)`` when none has one and it is not ``needed``."""
+    srcs = [s for slot in slots for s in _sources(by_id, by_id[st.inputs[slot]])]
+    bare = [s for s in srcs if s.watermark is None]
+    if bare and (needed or len(bare) < len(srcs)):
+        raise PipelineError(
+            f"{what} {st.name!r} needs event time: put .with_watermark(column) in the stage of source "
+            f"{bare[0].name!r} (Stream.from_parquet(...).with_watermark('event_time')); every source that "
+            "feeds it needs one, or its watermark could not advance")
+    if bare:
+        return None, None
+    clocks = {(s.watermark["column"], s.watermark["unit"]) for s in srcs}
+    if len(clocks) > 1:
+        raise PipelineError(
+            f"{what} {st.name!r} reads event time from sources with different columns or units "
+            f"({', '.join(sorted(f'{c!r} (unit {u})' for c, u in clocks))}); give its inputs one event-time column")
+    return next(iter(clocks))
+
+
 def event_time(plan) -> None:
-    """Each window stage takes the event-time column of the source its records come from."""
+    """Each window, join and process stage takes the event-time column of the sources its
+    records come from (per side, for a join)."""
     by_id = {s.id: s for s in plan.stages}
     for st in plan.stages:
-        if st.kind != "window":
-            continue
-        up = by_id[st.upstream]
-        while not up.is_source:
-            up = by_id[up.upstream]
-        if up.watermark is None:
-            raise PipelineError(
-                f"window operator {st.name!r} needs event time: put .with_watermark(column) in the stage of "
-                f"source {up.name!r} (Stream.from_parquet(...).with_watermark('event_time'))")
-        st.window.update(column=up.watermark["column"], unit=up.watermark["unit"])
+        slots = range(len(st.inputs))
+        if st.kind == "window":
+            column, unit = _clock(by_id, st, slots, "window join" if st.join else "window operator")
+            st.window.update(column=column, unit=unit)
+        elif st.kind == "process":
+            column, unit = _clock(by_id, st, slots, "process operator")
+            st.process.update(column=column, unit=unit)
+        elif st.kind == "join":
+            needed = st.join["between"] is not None or st.join["ttl"] is not None
+            for side in (0, 1):
+                mine = [k for k in slots if st.sides[k] == side]
+                st.join["columns"][side], st.join["units"][side] = _clock(by_id, st, mine, "join", needed)
 
 
 def check_event_time(src, cols: dict) -> None:

@@ -21,21 +21,23 @@ MAX_TIME = np.iinfo(np.int64).max
 UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
-def duration_ns(value, what: str, *, positive: bool = False) -> int:
+def duration_ns(value, what: str, *, positive: bool = False, negative: bool = False) -> int:
     """A duration (pandas string such as ``"10s"``, ``datetime.timedelta``,
     ``pd.Timedelta``) as integer nanoseconds; ``what`` names the argument in errors.
 
     >>> duration_ns("1500ms", "delay"), duration_ns(datetime.timedelta(seconds=2), "gap")
     (1500000000, 2000000000)
+
+    ``negative=True`` takes durations below zero too (a join's interval bounds).
     """
     if isinstance(value, (str, datetime.timedelta, pd.Timedelta, np.timedelta64)) and not isinstance(value, bool):
         try:
             ns = int(pd.Timedelta(value).value)
         except (ValueError, TypeError):
             ns = None
-        if ns is not None and ns >= 0 and (ns > 0 or not positive):
+        if ns is not None and (negative or ns >= 0) and (ns > 0 or not positive):
             return ns
-    need = "a positive duration" if positive else "a duration >= 0"
+    need = "a positive duration" if positive else "a duration" if negative else "a duration >= 0"
     raise PipelineError(
         f"{what}: {value!r} is not {need}; give a pandas duration string such as '10s' or "
         "'250ms', a datetime.timedelta or a pd.Timedelta"

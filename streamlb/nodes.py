@@ -16,8 +16,8 @@ from ._node_base import (_check_cost, _check_name, _check_parallelism, _Describe
                          _Late, late_records)
 from .exceptions import PipelineError
 
-__all__ = ["from_parquet", "with_watermark", "key_by", "window", "aggregate", "apply", "stateful_map", "rebalance",
-           "to_parquet"]
+__all__ = ["from_parquet", "with_watermark", "key_by", "window", "aggregate", "apply", "join", "process",
+           "stateful_map", "rebalance", "to_parquet"]
 
 AGGREGATIONS = ("count", "sum", "min", "max", "mean")
 
@@ -270,3 +270,4 @@ class to_parquet(Sink):
 
 
 from ._nodes_time import apply, window, with_watermark  # noqa: E402,F401  (registered on streamz.Stream)
+from ._nodes_join import join, process  # noqa: E402,F401  (registered on streamz.Stream)

@@ -12,18 +12,23 @@ from streamz import core as sz
 from streamz import sinks as sz_sinks
 from streamz import sources as sz_sources
 
+from . import _nodes_join as _nj
 from . import _nodes_time as _nt
-from ._plan_time import check_event_time as _check_event_time
+from . import _plan_join
+from ._plan_checks import MIN_PACED_BATCH, PACED_BATCHES, _check_columns, _project, pace_batches  # noqa: F401
 from ._plan_time import event_time as _event_time
 from . import nodes
-from .exceptions import InputPathError, KeyTypeError, PipelineError, SchemaError
+from .exceptions import InputPathError, PipelineError, SchemaError
 from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
-SUPPORTED = ("from_parquet, from_iterable, with_watermark, key_by, aggregate, stateful_map, window, apply, "
-             "rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
-KEYED_KINDS = ("aggregate", "stateful_map", "window")     # stage kinds that hold keyed state
+SUPPORTED = ("from_parquet, from_iterable, with_watermark, key_by, aggregate, stateful_map, window, apply, join, "
+             "process, union, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
+KEYED_KINDS = ("aggregate", "stateful_map", "window", "join", "process")     # stage kinds that hold keyed state
+#: A sender's id at a stage with several inputs: ``slot * SENDERS + instance index`` (slot 0,
+#: the only one of most stages, keeps the instance index).
+SENDERS = 1 << 16
 
 
 @dataclass
@@ -47,9 +52,9 @@ class Stage:
 
     id: int
     name: str
-    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, window, rebalance
+    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, window, join, process, rebalance
     parallelism: int = 1
-    upstream: int | None = None
+    upstream: int | None = None     # the first input (the only one, but for union and join)
     exchange: str = ""          # how records arrive: keyed or round_robin
     key: Any = None             # keyed: column name or function
     key_name: str = "key"
@@ -72,7 +77,24 @@ class Stage:
     watermark: dict | None = None                   # a source with_watermark: column, delay, idle_timeout, unit
     window: dict | None = None                      # window: kind, size, slide, gap, lateness, mode, column, unit
     children: list = field(default_factory=list)
-    late: list = field(default_factory=list)        # window: steps the late rows go through
+    late: list = field(default_factory=list)        # window, join: steps the late rows go through
+    inputs: list = field(default_factory=list)      # upstream stage of each input slot (SENDERS)
+    sides: list = field(default_factory=list)       # join: side (0 left, 1 right) of each input slot
+    keys: list = field(default_factory=list)        # join: key of each side
+    join: dict | None = None                        # join: how, between, ttl, suffixes, where, columns
+    process: dict | None = None                     # process: column, unit (its timers' event time)
+
+    def __post_init__(self) -> None:
+        if self.upstream is not None and not self.inputs:
+            self.inputs = [self.upstream]
+
+    def sender(self, upstream: int, index: int) -> int:
+        """The sender id here of instance ``index`` of input stage ``upstream``."""
+        return self.inputs.index(upstream) * SENDERS + index
+
+    def key_of(self, upstream: int):
+        """The key the exchange from input stage ``upstream`` hashes."""
+        return self.keys[self.sides[self.inputs.index(upstream)]] if self.sides else self.key
 
     @property
     def is_source(self) -> bool:
@@ -212,6 +234,7 @@ class _Planner:
         self.list_sinks: dict[int, list] = {}
         self.parquet_paths: list[str] = []
         self.names: set[str] = set()
+        self.memo: dict[int, Stage] = {}    # node id -> its stage (reached again through a union or join)
 
     def default_parallelism(self, asked: int | None) -> int:
         return asked or self.parallelism or self.workers
@@ -272,10 +295,12 @@ class _Planner:
             if isinstance(d, nodes.key_by):
                 self.one_upstream(d)
                 out.extend(self.keyed(d, stage))
+            elif isinstance(d, sz.union):
+                out.extend(self.children(d, stage))
             elif isinstance(d, nodes.late_records):
-                if stage.kind != "window":
+                if stage.kind not in ("window", "join"):
                     raise PipelineError(f"late() of operator {stage.name!r}: only window operators "
-                                        "(key_by(...).window(...).aggregate/apply) have a late stream")
+                                        "(key_by(...).window(...).aggregate/apply) and joins have a late stream")
                 stage.late.extend(self.children(d, stage))
             elif isinstance(d, _nt.with_watermark):
                 out.append(self.watermark(d, stage))
@@ -297,7 +322,7 @@ class _Planner:
         return Step("watermark", children=self.children(n, stage), name=n.column)
 
     def one_upstream(self, n: Stream) -> None:
-        if len([u for u in n.upstreams if u is not None]) > 1:
+        if len([u for u in n.upstreams if u is not None]) > 1 and not isinstance(n, (sz.union, _nj.join)):
             raise PipelineError(
                 f"node {n} joins several streams; streamlb supports one upstream per node "
                 f"(supported nodes: {SUPPORTED})"
@@ -306,6 +331,8 @@ class _Planner:
     def step(self, n: Stream, stage: Stage) -> Step:
         self.one_upstream(n)
         if isinstance(n, nodes.rebalance):
+            if id(n) in self.memo:          # after a union: one more input
+                return _plan_join.another_input(self, self.memo[id(n)], stage)
             st = self.new_stage(
                 name=self.unique_name(None, "rebalance"), kind="rebalance",
                 parallelism=self.default_parallelism(n.parallelism), upstream=stage.id,
@@ -313,9 +340,10 @@ class _Planner:
             )
             feature = _ship(n.feature, st.name) if callable(n.feature) else n.feature
             st.shuffle = {"policy": n.balancer, "feature": feature, "group": n.group}
+            self.memo[id(n)] = st
             st.children = self.children(n, st)
             return Step("exchange", target=st.id)
-        if isinstance(n, (nodes.aggregate, nodes.stateful_map, _nt.window)):
+        if isinstance(n, (nodes.aggregate, nodes.stateful_map, _nt.window, _nj.join, _nj.process)):
             label = f"{type(n).__name__} {n.op_name!r}" if getattr(n, "op_name", None) else type(n).__name__
             raise PipelineError(f"{label} needs a keyed input: put .key_by(column) right before it")
         if isinstance(n, _nt.apply):
@@ -349,32 +377,42 @@ class _Planner:
         if not downs:
             raise PipelineError(f"{label} is followed by nothing; put .aggregate(...) or .stateful_map(...) after it")
         for d in downs:
-            if not isinstance(d, (nodes.aggregate, nodes.stateful_map, _nt.window)):
+            if not isinstance(d, (nodes.aggregate, nodes.stateful_map, _nt.window, _nj.join, _nj.process)):
                 raise PipelineError(
                     f"{label} is followed by node {d}; a keyed stream feeds only aggregate and stateful_map "
-                    "operators, and window(...) followed by aggregate or apply (any number of them): put other "
-                    "nodes before key_by or after the operator"
+                    "operators, join and process, and window(...) followed by aggregate, apply or join (any "
+                    "number of them): put other nodes before key_by or after the operator"
                 )
-        return [step for op in downs for step in (
-            self.windowed(kb, op, stage) if isinstance(op, _nt.window) else [self.keyed_operator(kb, op, stage)])]
+        out = []
+        for op in downs:
+            if isinstance(op, _nt.window):
+                out.extend(self.windowed(kb, op, stage))
+            elif isinstance(op, _nj.join):
+                out.append(_plan_join.joined(self, kb, op, stage))
+            else:
+                out.append(self.keyed_operator(kb, op, stage))
+        return out
 
     def windowed(self, kb: nodes.key_by, win, stage: Stage) -> list[Step]:
         """``key_by(...).window(...)`` followed by ``aggregate`` or ``apply``: one window
         stage each."""
         downs = [d for d in win.downstreams if d is not None]
-        if not downs or not all(isinstance(d, (nodes.aggregate, _nt.apply)) for d in downs):
+        if not downs or not all(isinstance(d, (nodes.aggregate, _nt.apply, _nj.join)) for d in downs):
             raise PipelineError(
-                f"window({win.kind}) after key_by({kb.key_name!r}) must be followed by .aggregate(spec) or "
-                f".apply(func); it is followed by {', '.join(map(str, downs)) or 'nothing'}")
-        return [self.keyed_operator(kb, op, stage, window=win) for op in downs]
+                f"window({win.kind}) after key_by({kb.key_name!r}) must be followed by .aggregate(spec), "
+                f".apply(func) or .join(other); it is followed by {', '.join(map(str, downs)) or 'nothing'}")
+        return [_plan_join.joined(self, kb, op, stage, window=win) if isinstance(op, _nj.join)
+                else self.keyed_operator(kb, op, stage, window=win) for op in downs]
 
     def keyed_operator(self, kb: nodes.key_by, op, stage: Stage, window=None) -> Step:
         """The stage of keyed operator ``op`` (after ``window``, if given) and the exchange
         into it from ``stage``."""
+        if id(op) in self.memo:             # after a union: one more input
+            return _plan_join.another_input(self, self.memo[id(op)], stage)
         kind = type(op).__name__
         name = self.unique_name(op.op_name, kind)
         key = _ship(kb.key, name) if callable(kb.key) else kb.key
-        func = _ship(op.func, name) if kind in ("stateful_map", "apply") else None
+        func = _ship(op.func, name) if kind in ("stateful_map", "apply", "process") else None
         st = self.new_stage(
             name=name, kind="window" if window is not None else kind,
             parallelism=min(self.default_parallelism(op.parallelism), self.key_groups),
@@ -382,84 +420,12 @@ class _Planner:
             spec=getattr(op, "spec", {}), func=func, cost=op.cost,
             window={**window.describe(), "mode": kind} if window is not None else None,
         )
+        if kind == "process":
+            st.func = (func, _ship(op.on_timer, name) if op.on_timer is not None else None)
+            st.process = {}
+        self.memo[id(op)] = st
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)
-
-
-def _check_columns(plan: Plan) -> None:
-    """Check key and aggregate columns against Parquet schemas where nothing reshapes the batch."""
-    import pyarrow.parquet as pq
-
-    by_id = {s.id: s for s in plan.stages}
-    for src in plan.stages:
-        if src.kind != "parquet_source":
-            continue
-        schema = pq.read_schema(src.files[0])
-        cols = {f.name: f.type for f in schema}
-        if src.columns:
-            missing = [c for c in src.columns if c not in cols]
-            if missing:
-                raise SchemaError(
-                    f"from_parquet: column {missing[0]!r} is not in {src.files[0]!r}; "
-                    f"columns there: {', '.join(cols)}"
-                )
-            cols = {c: cols[c] for c in src.columns}
-        if any(s.kind == "watermark" for s in src.children):
-            _check_event_time(src, cols)
-        todo = [s for s in src.children]
-        while todo:
-            step = todo.pop()
-            if step.kind in ("filter", "watermark"):
-                todo.extend(step.children)
-            if step.kind != "exchange":
-                continue
-            st = by_id[step.target]
-            cost = [st.cost] if isinstance(st.cost, str) else []
-            if st.exchange != "keyed":
-                feature = (st.shuffle or {}).get("feature")
-                needed = cost + ([feature] if isinstance(feature, str) else [])
-            else:
-                needed = ([st.key] if isinstance(st.key, str) else []) + [c for c, _ in st.spec.values()] + cost
-            for c in needed:
-                if c not in cols:
-                    raise SchemaError(
-                        f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}; "
-                        f"columns there: {', '.join(cols)}"
-                    )
-            if st.exchange == "keyed" and isinstance(st.key, str):
-                t = cols[st.key]
-                import pyarrow.types as pt
-
-                if not (pt.is_integer(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)):
-                    raise KeyTypeError(
-                        f"operator {st.name!r}: key column {st.key!r} has type {t}, which the "
-                        "key-group hash cannot take; valid key types are integers, booleans and strings"
-                    )
-                st.key_kind = "i" if pt.is_integer(t) else "b" if pt.is_boolean(t) else "O"
-
-
-#: An open-loop source (``rate=``) whose batch size nobody chose emits about this many
-#: batches per instance per load window (docs/balancers.md, "Reading imbalance").
-PACED_BATCHES = 16
-#: ... but no batch of fewer rows than this.
-MIN_PACED_BATCH = 256
-
-
-def pace_batches(plan: "Plan", window: float, given: bool = False) -> None:
-    """Smaller batches for the open-loop sources of ``plan``, so that a load window of
-    ``window`` seconds holds about PACED_BATCHES of each source instance's batches.
-
-    At the default 65,536 rows a source paced at 200k records/s sends about three batches
-    a second: what an instance applies in a one-second window then depends on where the
-    window's edges fall between those batches, and a balancer planning on it chases that
-    noise. A source with ``batch_size=`` of its own, or every source when ``given`` (the
-    job's ``batch_size=``), keeps it; the setting ``streamlb.batch-size`` stays the largest.
-    """
-    for st in plan.stages:
-        if st.kind != "parquet_source" or not st.rate or st.batch_size_given or given:
-            continue
-        per_window = st.rate / st.parallelism * window
-        st.batch_size = int(min(st.batch_size, max(MIN_PACED_BATCH, per_window // PACED_BATCHES)))
 
 
 def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
@@ -476,24 +442,8 @@ def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
     ):
         raise PipelineError("the pipeline has a source but no operator or sink after it")
     result = Plan(p.stages, p.list_sinks, p.parquet_paths)
+    _plan_join.check_joins(result)
     _event_time(result)
     _check_columns(result)
     _project(result)
     return result
-
-
-def _project(plan: Plan) -> None:
-    """Read only the columns a source's consumers use, when every consumer is an aggregate
-    keyed by a column (nothing else sees the batch, so nothing else can need a column)."""
-    by_id = {s.id: s for s in plan.stages}
-    for src in plan.stages:
-        if src.kind != "parquet_source" or src.columns is not None or not src.children:
-            continue
-        targets = [by_id[c.target] if c.kind == "exchange" else None for c in src.children]
-        if all(t is not None and t.kind == "aggregate" and isinstance(t.key, str) for t in targets):
-            needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
-            import pyarrow.parquet as pq
-
-            needed |= {src.event_time} - {None}
-            needed |= {t.cost for t in targets if isinstance(t.cost, str)}
-            src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]

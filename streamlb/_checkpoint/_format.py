@@ -27,7 +27,8 @@ __all__ = ["FORMAT", "KINDS", "encode", "decode", "empty_blob"]
 #: Version of the snapshot files and manifests this package writes.
 FORMAT = 1
 
-KINDS = ("aggregate", "stateful_map", "window")
+KINDS = ("aggregate", "stateful_map", "window", "join", "process")
+PICKLED = ("window", "join", "process")     # kinds whose state is pickled per key (or key group)
 _TABLES = ("cnt", "sum", "min", "max")
 _META = "streamlb."
 
@@ -201,8 +202,8 @@ def encode(kind: str, blob: dict) -> pa.Table:
     {'a': 1, 'b': 2}
     """
     _check_kind(kind)
-    if kind == "window":        # one pickled state per key (and per key group: its Floor), as a map's
-        return _sorted_table("window", blob["key_groups"], list(blob["states"]),
+    if kind in PICKLED:         # one pickled state per key (and per key group: its Floor), as a map's
+        return _sorted_table(kind, blob["key_groups"], list(blob["states"]),
                              [("state", _pickled(blob["states"].values()))], {})
     return _encode_aggregate(blob) if kind == "aggregate" else _encode_stateful_map(blob)
 

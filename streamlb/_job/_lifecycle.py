@@ -66,13 +66,12 @@ class Lifecycle:
         from .. import _placement
 
         job = self.job
-        by_id = {s.id: s for s in job.plan.stages}
         futures = {}
         for st in job.plan.stages:
-            up = by_id[st.upstream] if st.upstream is not None else None
+            ups = {(u, j): run for u in st.inputs for j in range(job.plan.stages[u].parallelism)}
             futures.update(_placement.create_instances(
                 job.client, job.id, st, range(st.parallelism), workers,
-                upstream=({j: run for j in range(up.parallelism)} if run else up.parallelism) if up else 0,
+                upstream=_placement.senders(st, job.plan.stages, ups if run else None),
                 key_groups=job.key_groups, window=job.window, credits=job.credits, run=run))
         if run:
             job.runs = dict.fromkeys(futures, run)

@@ -49,11 +49,11 @@ class Reconfiguration:
         ops = {}
         for st in job.plan.stages:
             if st.id in job.tables:
-                up = job.plan.stages[st.upstream]
+                ups = [job.plan.stages[u] for u in st.inputs]
                 ops[st.name] = {
                     "stage": st.id,
                     "owners": [peer((st.id, i)) for i in range(st.parallelism)],
-                    "routers": [peer((up.id, i)) for i in range(up.parallelism)],
+                    "routers": [peer((up.id, i)) for up in ups for i in range(up.parallelism)],
                     "table": job.tables[st.id].owners.tolist(), "epoch": job.tables[st.id].epoch,
                     "kind": st.kind,
                     "splittable": st.splittable,

@@ -59,10 +59,10 @@ class Reconfigurer:
             raise ReconfigurationError(exc.args[0]) from None
 
     def _downstream(self, st: Stage) -> list[Stage]:
-        return [d for d in self.job.plan.stages if d.upstream == st.id]
+        return [d for d in self.job.plan.stages if st.id in d.inputs]
 
-    def _upstream(self, st: Stage) -> Stage | None:
-        return None if st.upstream is None else self.job.plan.stages[st.upstream]
+    def _upstreams(self, st: Stage) -> list[Stage]:
+        return [self.job.plan.stages[u] for u in st.inputs]
 
     def _keyed_names(self, *stages: Stage) -> list[str]:
         return [s.name for s in stages if s is not None and s.id in self.job.tables]
@@ -125,8 +125,7 @@ class Reconfigurer:
         from .. import _placement
 
         job = self.job
-        up = self._upstream(st)
-        senders = {j: job.runs.get((up.id, j), 0) for j in range(up.parallelism)} if up is not None else 0
+        senders = _placement.senders(st, job.plan.stages, job.runs, numbered=True)
         futures = _placement.create_instances(
             job.client, job.id, st, list(where), job.workers, upstream=senders, key_groups=job.key_groups,
             window=job.window, credits=job.credits, where=where, run=run)
@@ -156,16 +155,17 @@ class Reconfigurer:
         self._result([job.actors[(st.id, i)].set_siblings(sibs)
                       for i in range(st.parallelism) if i not in exclude])
 
-    def _on_downstream(self, st: Stage, method: str, *args) -> None:
+    def _on_downstream(self, st: Stage, method: str, index: int, *args) -> None:
+        """``method(sender id, *args)`` on every instance of the stages ``st`` sends to,
+        for its instance ``index`` (its sender id differs per input slot there)."""
         job = self.job
-        self._result([getattr(job.actors[(d.id, j)], method)(*args)
+        self._result([getattr(job.actors[(d.id, j)], method)(d.sender(st.id, index), *args)
                       for d in self._downstream(st) for j in range(d.parallelism)])
 
     def _on_upstream(self, st: Stage, method: str, *args) -> list:
         job = self.job
-        up = self._upstream(st)
         return self._result([getattr(job.actors[(up.id, j)], method)(st.id, *args)
-                             for j in range(up.parallelism)])
+                             for up in self._upstreams(st) for j in range(up.parallelism)])
 
     # -- rescale ----------------------------------------------------------------------------------
     def check_rescale(self, operator: str, parallelism) -> Stage:

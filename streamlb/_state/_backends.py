@@ -55,5 +55,20 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
             from ._window_panes import PaneWindowState
 
             return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)
+        if stage.window["mode"] == "join":
+            from ._window_join import JoinRows
+
+            return WindowState(stage.name, stage.window, stage.key_name, key_groups,
+                               payload=JoinRows(stage.name, stage.join))
         return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
+    if stage.kind == "join":
+        from ._joins import JoinState
+        from .._worker._join_op import Where
+
+        where = stage.join["where"]
+        return JoinState(stage.name, stage.join, key_groups, where=Where(stage.name, where) if where else None)
+    if stage.kind == "process":
+        from ._process import ProcessState
+
+        return ProcessState(stage.name, stage.func, stage.key_name, key_groups, stage.process)
     return None

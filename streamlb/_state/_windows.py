@@ -52,13 +52,15 @@ class WindowState(Sessions, StateStore):
     ``aggregate`` or ``apply``). ``spec`` for an aggregate, ``func`` for apply.
     """
 
-    def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None) -> None:
+    def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None,
+                 payload=None) -> None:
         self.operator, self.key_name, self.groups = operator, key_name, key_groups
         self.kind = window["kind"]
         self.size, self.slide, self.gap = window["size"], window["slide"], window["gap"]
         self.lateness = window["lateness"]
         self.pane = math.gcd(self.size, self.slide) if self.kind != "session" else 0
-        self.payload = Accumulators(operator, spec) if window["mode"] == "aggregate" else Rows(operator, func)
+        self.payload = payload or (Accumulators(operator, spec) if window["mode"] == "aggregate"
+                                   else Rows(operator, func))
         self.keys: dict = {}                 # key -> {pane start: payload} or [session, ...]
         self.group_of: dict = {}
         self.by_group: dict[int, set] = {}
@@ -341,6 +343,8 @@ class WindowState(Sessions, StateStore):
         if isinstance(self.payload, Accumulators):
             cols.update(self.payload.columns(list(payloads), fired))
             return pd.DataFrame(cols)
+        if hasattr(self.payload, "rows"):       # a window join: its pairs, then the window's bounds
+            return self.payload.rows(fired, tt)
         parts = []
         for key, s, e, pay in fired:
             out = self.payload.call(key, from_ns(np.array([s]), tt)[0], from_ns(np.array([e]), tt)[0], pay)

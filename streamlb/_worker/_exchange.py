@@ -43,6 +43,7 @@ class _Exchange:
 
     def __init__(self, spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel]) -> None:
         self.spec, self.upstream, self.chans = spec, upstream, chans
+        self.base = 0       # routers into the same stage from its earlier inputs (load reports)
         self.lock = asyncio.Lock()          # a batch, a marker or the end goes out whole
         self.ended = False
         self.last_watermark: Watermark | None = None   # a new channel starts at it

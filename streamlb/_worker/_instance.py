@@ -21,7 +21,7 @@ import pandas as pd
 from .._migration._owner import OwnerSide
 from .._state import make_store
 from ..exceptions import StreamlbError
-from ..planner import Stage
+from ..planner import SENDERS, Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._checkpoint import Checkpointed, CheckpointSide
@@ -91,6 +91,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit) if stage.is_source else None
         self.exchanges: dict = {}
+        self.slots: dict[int, int] = {}
         self.siblings: list[Peer] = []
         # updates of a function (see Reconfigurable.prepare_update): epoch -> (path, func)
         self.updates: dict = {}
@@ -105,26 +106,32 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
 
     # -- wiring and lifecycle -------------------------------------------------------------------
     async def connect(self, outputs: dict[int, list[tuple[str, str]]], tables: dict[int, RoutingTable],
-                      exchanges: dict, siblings: list, report: bool = False) -> str:
+                      exchanges: dict, siblings: list, report: bool = False, slots: dict | None = None,
+                      bases: dict | None = None) -> str:
         """Channels to each downstream stage's instances (address, actor key) and to the
-        siblings (address, actor key[, run])."""
+        siblings (address, actor key[, run]); ``slots``: this stage's input slot at each
+        downstream stage that has several inputs (see ``Stage.sender``); ``bases``: how many
+        routers its earlier inputs have (this instance's router is ``base + index`` there)."""
         from distributed import get_worker
 
         self.worker = get_worker()
         self.siblings = []
         await self.set_siblings(siblings)
         self.meter.report = report and self.store is not None
+        self.slots = dict(slots or {})
         for target, peers in outputs.items():
-            chans = {i: self._channel(a, k) for i, (a, k) in enumerate(peers)}
+            chans = {i: self._channel(a, k, target) for i, (a, k) in enumerate(peers)}
             self.exchanges[target] = make_exchange(exchanges[target], self.stage.name, chans, tables.get(target),
                                                    index=self.index, dead=self.dead, spawn=self.tasks.spawn,
                                                    lazy_asked=self._lazy_asked)
+            self.exchanges[target].base = (bases or {}).get(target, 0)
         self.meter.routers = {t: x for t, x in self.exchanges.items() if isinstance(x, KeyedRouter)}
         self.status = "ready"
         return self.worker.address
 
-    def _channel(self, address: str, key: str) -> OutChannel:
-        return OutChannel(Peer(self.worker, address, key), self.index, self.credits, run=self.run,
+    def _channel(self, address: str, key: str, target: int) -> OutChannel:
+        sender = self.slots.get(target, 0) * SENDERS + self.index
+        return OutChannel(Peer(self.worker, address, key), sender, self.credits, run=self.run,
                           label=self.label, on_blocked=self.meter.add_blocked, on_error=self._fail)
 
     async def start(self, epoch0: float | None = None, resume: dict | None = None) -> None:
@@ -298,7 +305,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
             self._wake.set()
 
     async def _on_batch(self, sender: int, msg: Batch, fut) -> bool:
-        frame, groups = msg.frame, msg.groups
+        frame, groups = self.op.arrive(msg.frame, sender), msg.groups
         if msg.partials:
             self.records_in += await self.op.on_partials(msg.partials, msg.emitted)
             if not len(frame):

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from ._operators import Aggregate, ByFeature, OperatorLogic, StatefulMap, Stateless
+from ._join_op import JoinOperator
+from ._process_op import ProcessOperator
 from ._window_op import WindowOperator
 
 #: stage kind -> the logic of its instances (stateless stages: by their shuffle policy)
-KINDS = {"aggregate": Aggregate, "stateful_map": StatefulMap, "window": WindowOperator}
+KINDS = {"aggregate": Aggregate, "stateful_map": StatefulMap, "window": WindowOperator, "join": JoinOperator,
+         "process": ProcessOperator}
 
 
 def make_operator(ctx) -> OperatorLogic:

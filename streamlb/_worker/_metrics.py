@@ -148,7 +148,9 @@ class Metrics:
             })
         for router in self.routers.values():
             if router.spec.balanced:
+                # a router's place among all routers into the operator (inputs in order)
                 self._send({"kind": "router", "operator": router.spec.name, "window_start": w.start,
+                            "instance": router.base + self.index,
                             "final": final, "dead_letters": self._dead(), **router.take_window()})
         self.win = None if last else _Window(self._window_start(now))
 

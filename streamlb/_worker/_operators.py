@@ -32,6 +32,11 @@ class OperatorLogic:
         """The rows the operator takes (the rest go to the dead letters), with their groups."""
         return frame, groups
 
+    def arrive(self, frame: pd.DataFrame, sender: int) -> pd.DataFrame:
+        """A batch as it comes from ``sender``, before anything else sees it (a join marks
+        which side it is from)."""
+        return frame
+
     def output(self, frame: pd.DataFrame, groups) -> pd.DataFrame | None:
         """Apply ``frame`` (rows with their key groups) to the operator; what it emits."""
         return frame

@@ -57,7 +57,7 @@ class Reconfigurable:
 
     async def add_peer(self, target: int, index: int, address: str, key: str) -> None:
         """A new instance ``index`` of downstream stage ``target`` (a table routes to it later)."""
-        await self.exchanges[target].add_peer(index, self._channel(address, key))
+        await self.exchanges[target].add_peer(index, self._channel(address, key, target))
 
     async def remove_peer(self, target: int, index: int) -> None:
         """Instance ``index`` of stage ``target`` retires: return once all sent to it was applied."""
@@ -67,7 +67,7 @@ class Reconfigurable:
         """Instance ``index`` of stage ``target`` moves to the actor ``key`` at ``address``:
         what was sent to the old actor is applied there first, then rows go to the new one.
         Returns when the switch happened."""
-        await self.exchanges[target].replace_peer(index, self._channel(address, key))
+        await self.exchanges[target].replace_peer(index, self._channel(address, key, target))
         return time.time()
 
     async def mark(self, target: int, epoch: int) -> None:

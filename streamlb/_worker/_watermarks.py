@@ -54,11 +54,13 @@ class SplitClock:
         self.last[self.current] = time.time()
         return frame
 
-    def watermark(self, live: set[str], now: float) -> tuple[int, bool]:
+    def watermark(self, live: set[str], now: float, may_idle: bool = True) -> tuple[int, bool]:
         """``(watermark, idle)`` over the splits in ``live`` (unfinished). A split that has
         emitted nothing for ``idle_timeout`` (since the source started, if it never has) is
-        idle and left out."""
-        active = [s for s in live if now - self.last.get(s, self.started) <= self.idle_timeout]
+        idle and left out; unless not ``may_idle``: a source read as fast as the job takes
+        it has rows ready in every unfinished split, and one that is slow to emit is held
+        back by the job, not idle (its rows would be late once it emits again)."""
+        active = [s for s in live if not may_idle or now - self.last.get(s, self.started) <= self.idle_timeout]
         if not live:
             return MAX_TIME, False
         if not active:
@@ -95,7 +97,7 @@ class Watermarks:
         """After a batch, or now and then: the source's watermark."""
         src = self.inst.source
         now = time.time()
-        wm, idle = self.clock.watermark(src.live_splits(), now)
+        wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate))
         await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pandas as pd
 
+from .._state._joins import SIDE
 from .._time import MAX_TIME, nulls, time_type, to_ns
 from ._messages import Partial
 from ._operators import _Keyed
@@ -23,6 +25,14 @@ class WindowOperator(_Keyed):
         self.column, self.unit = w["column"], w["unit"]
         self.what = f"window operator {self.stage.name!r} (event time {self.column!r})"
         self._typed = False
+
+    def arrive(self, frame: pd.DataFrame, sender: int) -> pd.DataFrame:
+        """A window join marks each batch's side (its sender's input slot)."""
+        if self.stage.join is None:
+            return frame
+        from ._join_op import side_of
+
+        return frame.assign(**{SIDE: np.int8(side_of(self.stage, sender))})
 
     def accept(self, frame: pd.DataFrame, groups):
         """Rows without an event time, and rows whose summed columns are not numbers, go to
@@ -112,6 +122,8 @@ class WindowOperator(_Keyed):
 
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
         self.ctx.meter.late(len(rows))
+        if SIDE in rows.columns:        # a window join's: which side each row is from
+            rows = rows.assign(side=np.where(rows[SIDE].to_numpy() == 0, "left", "right")).drop(columns=[SIDE])
         if self.stage.late:
             await self.ctx.steps.run(self.stage.late, rows, emitted)
         else:

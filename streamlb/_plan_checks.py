@@ -1,0 +1,100 @@
+"""Checks and tuning of a planned job that read its Parquet inputs: the columns each
+operator needs, the columns a source reads, and the batch size of paced sources."""
+from __future__ import annotations
+
+from .exceptions import KeyTypeError, SchemaError
+from ._plan_time import check_event_time as _check_event_time
+
+
+def _check_columns(plan: Plan) -> None:
+    """Check key and aggregate columns against Parquet schemas where nothing reshapes the batch."""
+    import pyarrow.parquet as pq
+
+    by_id = {s.id: s for s in plan.stages}
+    for src in plan.stages:
+        if src.kind != "parquet_source":
+            continue
+        schema = pq.read_schema(src.files[0])
+        cols = {f.name: f.type for f in schema}
+        if src.columns:
+            missing = [c for c in src.columns if c not in cols]
+            if missing:
+                raise SchemaError(
+                    f"from_parquet: column {missing[0]!r} is not in {src.files[0]!r}; "
+                    f"columns there: {', '.join(cols)}"
+                )
+            cols = {c: cols[c] for c in src.columns}
+        if any(s.kind == "watermark" for s in src.children):
+            _check_event_time(src, cols)
+        todo = [s for s in src.children]
+        while todo:
+            step = todo.pop()
+            if step.kind in ("filter", "watermark"):
+                todo.extend(step.children)
+            if step.kind != "exchange":
+                continue
+            st = by_id[step.target]
+            cost = [st.cost] if isinstance(st.cost, str) else []
+            if st.exchange != "keyed":
+                feature = (st.shuffle or {}).get("feature")
+                needed = cost + ([feature] if isinstance(feature, str) else [])
+            else:
+                key = st.key_of(src.id)
+                needed = ([key] if isinstance(key, str) else []) + [c for c, _ in st.spec.values()] + cost
+            for c in needed:
+                if c not in cols:
+                    raise SchemaError(
+                        f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}; "
+                        f"columns there: {', '.join(cols)}"
+                    )
+            if st.exchange == "keyed" and isinstance(key, str):
+                t = cols[key]
+                import pyarrow.types as pt
+
+                if not (pt.is_integer(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)):
+                    raise KeyTypeError(
+                        f"operator {st.name!r}: key column {key!r} has type {t}, which the "
+                        "key-group hash cannot take; valid key types are integers, booleans and strings"
+                    )
+                st.key_kind = "i" if pt.is_integer(t) else "b" if pt.is_boolean(t) else "O"
+
+
+#: An open-loop source (``rate=``) whose batch size nobody chose emits about this many
+#: batches per instance per load window (docs/balancers.md, "Reading imbalance").
+PACED_BATCHES = 16
+#: ... but no batch of fewer rows than this.
+MIN_PACED_BATCH = 256
+
+
+def pace_batches(plan: "Plan", window: float, given: bool = False) -> None:
+    """Smaller batches for the open-loop sources of ``plan``, so that a load window of
+    ``window`` seconds holds about PACED_BATCHES of each source instance's batches.
+
+    At the default 65,536 rows a source paced at 200k records/s sends about three batches
+    a second: what an instance applies in a one-second window then depends on where the
+    window's edges fall between those batches, and a balancer planning on it chases that
+    noise. A source with ``batch_size=`` of its own, or every source when ``given`` (the
+    job's ``batch_size=``), keeps it; the setting ``streamlb.batch-size`` stays the largest.
+    """
+    for st in plan.stages:
+        if st.kind != "parquet_source" or not st.rate or st.batch_size_given or given:
+            continue
+        per_window = st.rate / st.parallelism * window
+        st.batch_size = int(min(st.batch_size, max(MIN_PACED_BATCH, per_window // PACED_BATCHES)))
+
+
+def _project(plan: Plan) -> None:
+    """Read only the columns a source's consumers use, when every consumer is an aggregate
+    keyed by a column (nothing else sees the batch, so nothing else can need a column)."""
+    by_id = {s.id: s for s in plan.stages}
+    for src in plan.stages:
+        if src.kind != "parquet_source" or src.columns is not None or not src.children:
+            continue
+        targets = [by_id[c.target] if c.kind == "exchange" else None for c in src.children]
+        if all(t is not None and t.kind == "aggregate" and isinstance(t.key, str) for t in targets):
+            needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
+            import pyarrow.parquet as pq
+
+            needed |= {src.event_time} - {None}
+            needed |= {t.cost for t in targets if isinstance(t.cost, str)}
+            src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]

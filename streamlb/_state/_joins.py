@@ -1,0 +1,320 @@
+"""State of an interval or regular join: each side's rows, in key groups.
+
+Each side keeps its rows in *chunks*, one per batch taken in, each sorted by key hash, so
+the other side's rows find their matches with a binary search per chunk (no hash table
+rebuilt per batch); small chunks are merged once there are more than :data:`MAX_CHUNKS`.
+Rows leave when the watermark makes a new match impossible (interval joins: a left row
+once ``time + upper`` is behind it, a right row once ``time - lower`` is; regular joins
+with ``ttl``: once ``time + ttl`` is), and for ``left``, ``right`` and ``outer`` joins those
+never matched are emitted then, with nulls for the other side.
+
+Blobs hold, per key group, the rows of both sides (``{"states": {Part(g): (left, right)},
+"key_groups": ...}``: pickled per key group in checkpoints, as window state is per key).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .._time import MAX_TIME, MIN_TIME
+from ..keygroups import assign_to_key_group, stable_hash
+from ._base import StateStore
+
+#: A side's chunks are merged into one when there are more than this many.
+MAX_CHUNKS = 8
+SIDE = "_streamlb_side"         # the column a join's instance marks each arriving row's side in
+_T, _M, _P = "_streamlb_t", "_streamlb_matched", "_streamlb_pair"
+
+
+@dataclass(frozen=True)
+class Part:
+    """A blob entry (in place of a key): the rows of key group ``group``."""
+
+    group: int
+
+
+class _Chunk:
+    """Rows of one side, sorted by key hash: ``frame`` (the rows' own columns), ``h``
+    (hashes), ``keys``, ``t`` (event times, ns), ``g`` (key groups), ``m`` (matched)."""
+
+    __slots__ = ("frame", "h", "keys", "t", "g", "m")
+
+    def __init__(self, frame, h, keys, t, g, m, *, sort: bool = True) -> None:
+        if sort and len(h) > 1:
+            o = np.argsort(h, kind="stable")
+            frame, h, keys, t, g, m = frame.take(o), h[o], keys[o], t[o], g[o], m[o]
+        self.frame = frame.reset_index(drop=True)
+        self.h, self.keys, self.t, self.g, self.m = h, keys, t, g, m
+
+    def take(self, rows: np.ndarray) -> _Chunk:
+        return _Chunk(self.frame.take(rows), self.h[rows], self.keys[rows], self.t[rows], self.g[rows],
+                      self.m[rows], sort=False)
+
+    def __len__(self) -> int:
+        return len(self.h)
+
+
+def _concat(chunks: list) -> _Chunk:
+    return _Chunk(pd.concat([c.frame for c in chunks], ignore_index=True),
+                  *(np.concatenate([getattr(c, a) for c in chunks]) for a in ("h", "keys", "t", "g", "m")))
+
+
+class JoinState(StateStore):
+    """Rows of both sides of a join instance. ``join``: the stage's ``join`` (how,
+    between, ttl in ns, key_names, suffixes); ``where(joined) -> mask``: the pairs kept
+    (and counted as matches)."""
+
+    def __init__(self, operator: str, join: dict, key_groups: int, where=None) -> None:
+        self.operator, self.groups, self.where = operator, key_groups, where
+        self.how, self.between, self.ttl = join["how"], join["between"], join["ttl"]
+        self.key_names = list(join["key_names"])
+        self.key_name = self.key_names[0]
+        self.suffixes = tuple(join["suffixes"])
+        self.sides: list[list[_Chunk]] = [[], []]
+        self.schema: list = [None, None]        # each side's columns, as an empty frame
+        self.watermark = MIN_TIME
+
+    # -- data ---------------------------------------------------------------------------------
+    def late(self, side: int, times: np.ndarray) -> np.ndarray:
+        """Rows of ``side`` behind the watermark, past any match: interval joins take no row
+        behind the watermark, regular joins with ``ttl`` none older than it behind it."""
+        if self.between is not None:
+            return times < self.watermark
+        if self.ttl is not None:
+            return times + self.ttl < self.watermark
+        return np.zeros(len(times), bool)
+
+    def update(self, frame: pd.DataFrame, groups=None, times=None, side: int = 0):
+        """Join the rows of ``side`` (without the side column) with the other side's rows
+        held here, then keep them. Returns the joined rows (pandas.merge's columns) that
+        ``where`` keeps, or None."""
+        keys = frame[self.key_names[side]].to_numpy()
+        if groups is None:
+            groups = assign_to_key_group(keys, self.groups, name=self.key_names[side])
+        groups = np.asarray(groups, np.int64)
+        times = np.zeros(len(frame), np.int64) if times is None else np.asarray(times, np.int64)
+        if self.schema[side] is None:
+            self.schema[side] = frame.iloc[:0]
+        h = stable_hash(keys, name=self.key_names[side])
+        found = []
+        for c in self.sides[1 - side]:
+            i, j = self._matches(c, h, keys, times, side)
+            if len(i):
+                found.append((c, i, j))
+        new_matched = np.zeros(len(frame), bool)
+        out = None
+        if found:
+            mine = np.concatenate([i for _, i, _ in found])
+            new = frame.take(mine).reset_index(drop=True)
+            old = pd.concat([c.frame.take(j) for c, _, j in found], ignore_index=True)
+            out = self.merged(*((new, old) if side == 0 else (old, new)))
+            keep = np.ones(len(out), bool) if self.where is None else self.where(out)
+            at = 0
+            for c, i, j in found:
+                c.m[j[keep[at:at + len(j)]]] = True
+                at += len(j)
+            new_matched[mine[keep]] = True
+            out = out[keep].reset_index(drop=True) if not keep.all() else out
+        self.mark_dirty(np.unique(groups))
+        self._keep(side, _Chunk(frame, h, keys, times, groups, new_matched))
+        return out if out is not None and len(out) else None
+
+    def merged(self, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+        """Pairs ``left.iloc[i]``, ``right.iloc[i]`` as one frame, in the columns
+        ``pandas.merge(left, right, left_on=..., right_on=..., suffixes=...)`` gives."""
+        lk, rk = self.key_names
+        n = np.arange(len(left))
+        out = pd.merge(left.assign(**{_P: n}), right.assign(**{_P: n}), left_on=[lk, _P], right_on=[rk, _P],
+                       suffixes=self.suffixes, sort=False)
+        return out.drop(columns=[_P])
+
+    def unmatched(self, side: int, rows: pd.DataFrame) -> pd.DataFrame:
+        """Rows of ``side`` that never matched, with nulls in the other side's columns."""
+        other = self.schema[1 - side]
+        if other is None:
+            return rows
+        lk, rk = self.key_names
+        left, right = (rows, other) if side == 0 else (other, rows)
+        return pd.merge(left, right, how="left" if side == 0 else "right", left_on=lk, right_on=rk,
+                        suffixes=self.suffixes, sort=False)
+
+    def _matches(self, c: _Chunk, h, keys, times, side: int):
+        """Pairs (row of the batch, row of chunk ``c`` of the other side) with equal keys
+        and, in an interval join, event times in the interval."""
+        lo = np.searchsorted(c.h, h, "left")
+        n = np.searchsorted(c.h, h, "right") - lo
+        total = int(n.sum())
+        if not total:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        i = np.repeat(np.arange(len(h)), n)
+        starts = np.cumsum(n) - n
+        j = lo[i] + (np.arange(total) - starts[i])
+        ok = c.keys[j] == keys[i]
+        if self.between is not None:
+            lower, upper = self.between
+            lt, rt = (times[i], c.t[j]) if side == 0 else (c.t[j], times[i])
+            ok &= (lt + lower <= rt) & (rt <= lt + upper)
+        return i[ok], j[ok]
+
+    def _keep(self, side: int, chunk: _Chunk) -> None:
+        if not len(chunk):
+            return
+        chunks = self.sides[side]
+        chunks.append(chunk)
+        if len(chunks) > MAX_CHUNKS:
+            self.sides[side] = [_concat(chunks)]
+
+    def advance(self, watermark: int) -> list:
+        """The watermark rose: drop the rows no new row can match. Returns, for an outer
+        join, ``(side, rows)`` of those dropped that never matched."""
+        self.watermark = max(self.watermark, watermark)
+        out = []
+        for side in (0, 1):
+            limit = self._limit(side)
+            if limit is None:
+                continue
+            emit = self.how == "outer" or self.how == ("left", "right")[side]
+            kept, gone = [], []
+            for c in self.sides[side]:
+                drop = c.t < limit
+                if not drop.any():
+                    kept.append(c)
+                    continue
+                self.mark_dirty(np.unique(c.g[drop]))
+                if emit and (drop & ~c.m).any():
+                    gone.append(c.frame[drop & ~c.m])
+                if not drop.all():
+                    kept.append(c.take(np.flatnonzero(~drop)))
+            self.sides[side] = kept
+            if gone:
+                out.append((side, pd.concat(gone, ignore_index=True)))
+        return out
+
+    def _limit(self, side: int) -> int | None:
+        """Rows of ``side`` with an event time below this are past any match."""
+        if self.watermark == MIN_TIME:
+            return None
+        if self.between is not None:
+            lower, upper = self.between
+            limit = self.watermark - upper if side == 0 else self.watermark + lower
+        elif self.ttl is not None:
+            limit = self.watermark - self.ttl
+        else:
+            return None
+        return min(max(limit, MIN_TIME), MAX_TIME)
+
+    # -- migration and checkpoints ------------------------------------------------------------
+    def _split(self, pick) -> dict:
+        """``pick(chunk) -> bool mask`` of rows to give: their blob, the rows taken out
+        when ``take``."""
+        states, order = {}, []
+        per_side = []
+        for side in (0, 1):
+            parts = []
+            for c in self.sides[side]:
+                mask = pick(c)
+                if mask.any():
+                    parts.append(c.take(np.flatnonzero(mask)))
+            per_side.append(_concat(parts) if parts else None)
+        groups = sorted(set().union(*(set(np.unique(c.g).tolist()) for c in per_side if c is not None)))
+        for g in groups:
+            rows = []
+            for c in per_side:
+                if c is None:
+                    rows.append(None)
+                    continue
+                sel = np.flatnonzero(c.g == g)
+                rows.append(None if not len(sel) else
+                            c.frame.take(sel).reset_index(drop=True).assign(**{_T: c.t[sel], _M: c.m[sel]}))
+            states[Part(g)] = tuple(rows)
+            order.append(g)
+        return {"states": states, "key_groups": np.array(order, np.int64)}
+
+    def _remove(self, pick) -> None:
+        for side in (0, 1):
+            kept = []
+            for c in self.sides[side]:
+                mask = pick(c)
+                if not mask.any():
+                    kept.append(c)
+                elif not mask.all():
+                    kept.append(c.take(np.flatnonzero(~mask)))
+            self.sides[side] = kept
+
+    def _of_groups(self, groups):
+        gs = np.asarray(sorted({int(g) for g in groups}), np.int64)
+        return lambda c: np.isin(c.g, gs)
+
+    def cut(self, groups) -> dict:
+        pick = self._of_groups(groups)
+        blob = self._split(pick)
+        self._remove(pick)
+        self.mark_dirty(list(groups))
+        return blob
+
+    def snapshot(self, groups) -> dict:
+        return self._split(self._of_groups(groups))
+
+    def cut_keys(self, keys, groups=None) -> dict:
+        keys = np.asarray(keys)
+        if not len(keys):
+            return {"states": {}, "key_groups": np.zeros(0, np.int64)}
+        h = np.unique(stable_hash(keys, name=self.key_name))
+        wanted = pd.Index(keys.tolist())
+
+        def pick(c):
+            return np.isin(c.h, h) & pd.Index(c.keys).isin(wanted)
+        blob = self._split(pick)
+        self._remove(pick)
+        self.mark_dirty(blob["key_groups"])
+        return blob
+
+    def install(self, blob: dict) -> None:
+        groups = blob["key_groups"].tolist()
+        self.mark_dirty(groups)
+        for (part, rows), g in zip(blob["states"].items(), groups):
+            for side, frame in enumerate(rows):
+                if frame is None or not len(frame):
+                    continue
+                t, m = frame[_T].to_numpy(np.int64), frame[_M].to_numpy(bool)
+                frame = frame.drop(columns=[_T, _M])
+                if self.schema[side] is None:
+                    self.schema[side] = frame.iloc[:0]
+                keys = frame[self.key_names[side]].to_numpy()
+                self._keep(side, _Chunk(frame, stable_hash(keys, name=self.key_names[side]), keys, t,
+                                        np.full(len(frame), g, np.int64), m.copy()))
+
+    def contains(self, keys, groups=None) -> np.ndarray:
+        keys = np.asarray(keys)
+        held = pd.Index([k for side in self.sides for c in side for k in c.keys.tolist()])
+        return pd.Index(keys.tolist()).isin(held) if len(held) else np.zeros(len(keys), bool)
+
+    def keys_per_group(self, groups) -> np.ndarray:
+        """Rows held (both sides) of each key group of ``groups``."""
+        counts = np.zeros(self.groups, np.int64)
+        for side in self.sides:
+            for c in side:
+                counts += np.bincount(c.g, minlength=self.groups)
+        return counts[np.asarray(groups, np.int64)] if len(groups) else np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return sum(len(c) for side in self.sides for c in side)
+
+    def key_kind(self) -> str | None:
+        for side in self.sides:
+            for c in side:
+                if len(c):
+                    return c.keys.dtype.kind
+        return None
+
+    def frame(self, touched=None) -> pd.DataFrame:
+        """Rows held per key: ``left_rows`` and ``right_rows``, indexed by key."""
+        counts = []
+        for side, name in ((0, "left_rows"), (1, "right_rows")):
+            keys = [k for c in self.sides[side] for k in c.keys.tolist()]
+            counts.append(pd.Series(keys, dtype=object).value_counts().rename(name))
+        out = pd.concat(counts, axis=1).fillna(0).astype(np.int64)
+        out.index.name = self.key_name
+        return out.sort_index()
