@@ -18,8 +18,10 @@ def _prepare(args) -> int:
                             seed=args.seed, progress=True)
     else:
         man = datasets.nexmark(args.path, events=args.rows, partitions=args.partitions,
-                               seed=args.seed, progress=True)
-    print(f"wrote {man['rows']:,} rows in {len(man['files'])} files to {args.path}")
+                               seed=args.seed, progress=True, rate=args.rate, flat=args.flat)
+    tables = ", ".join(f"{t} {e['rows']:,}" for t, e in man.get("tables", {}).items())
+    print(f"wrote {man['rows']:,} rows in {len(man['files'])} files to {args.path}"
+          + (f" ({tables})" if tables else ""))
     return 0
 
 
@@ -314,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--partitions", type=int, default=8)
     pr.add_argument("--drift-every", type=int, default=None)
     pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--rate", type=float, default=10_000, help="nexmark: events per second of event time")
+    pr.add_argument("--flat", action="store_true",
+                    help="nexmark: the older single table of all events instead of person, auction, bid")
     pr.set_defaults(func=_prepare)
 
     d = sub.add_parser("demo", help="the same drifting-Zipf stream with static and autoflow balancing "

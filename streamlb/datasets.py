@@ -1,14 +1,16 @@
 """Partitioned input datasets prepared with PySpark (extra ``spark``).
 
-Files are written as a keyed producer fills a partitioned log: each partition is ordered by
-event time and all partitions cover the same time span. Every row is a deterministic function
-of ``(seed, row id)``, so the same call gives the same files whatever Spark's task layout.
+Files are written as a producer fills a partitioned log: all partitions cover the same time
+span, each in event-time order unless the dataset is out of order on purpose, when it is in
+arrival order. Every row is a deterministic function of ``(seed, row id)``, so the same call
+gives the same files whatever Spark's task layout.
 A ``_manifest.json`` beside the data lists every file with its row count.
 
 The runtime never imports this module: datasets are just files.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from .exceptions import JavaNotFoundError
+from .exceptions import InputPathError, JavaNotFoundError
 
 __all__ = ["zipf", "nexmark", "spark_session", "check_java", "read_manifest"]
 
@@ -155,11 +157,14 @@ def zipf_keys(ids: np.ndarray, keys: int, skew: float, drift_every: int | None, 
     return perm[ranks].astype(np.int64)
 
 
-def _check(path, rows, partitions) -> None:
-    if not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise ValueError(f"rows must be a positive integer, got {rows!r}")
-    if not isinstance(partitions, (int, np.integer)) or partitions < 1:
-        raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+def _check(path, rows, partitions, what: str = "rows") -> None:
+    _positive_int(what, rows)
+    _positive_int("partitions", partitions)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class _Progress:
@@ -203,24 +208,45 @@ class _Progress:
 
 def _write(sdf, path: str, partitions: int, part_col: str, params: dict, progress: bool,
            order: tuple = ("event_time", "id")) -> dict:
-    spark = sdf.sparkSession
     out = os.path.abspath(str(path))
-    with _Progress(spark, f"writing {os.path.basename(out)}", progress):
-        (sdf.repartition(partitions, part_col)
-            .sortWithinPartitions(part_col, *order)
-            .drop("id")
-            .write.mode("overwrite").partitionBy(part_col).parquet(out))
+    _write_parts(sdf, out, partitions, part_col, order, "id", progress)
     return _manifest(out, params)
 
 
-def _manifest(out: str, params: dict) -> dict:
+def _write_parts(sdf, out: str, partitions: int, part_col: str, order: tuple, drop: str,
+                 progress: bool) -> None:
+    """Write ``sdf`` as one directory ``<part_col>=<i>`` per partition, each file ordered by
+    ``order``; ``drop`` is a helper column left out of the files."""
+    with _Progress(sdf.sparkSession, f"writing {os.path.basename(out)}", progress):
+        (sdf.repartition(partitions, part_col)
+            .sortWithinPartitions(part_col, *order)
+            .drop(drop)
+            .write.mode("overwrite").partitionBy(part_col).parquet(out))
+
+
+def _files(out: str) -> list[dict]:
+    """Each Parquet file below ``out``: its ``path`` relative to ``out`` and its ``rows``."""
     import pyarrow.parquet as pq
 
     from .planner import parquet_files
 
-    files = [{"path": os.path.relpath(f, out), "rows": pq.ParquetFile(f).metadata.num_rows}
-             for f in parquet_files(out)]
+    try:
+        found = parquet_files(out)
+    except InputPathError:           # a table with no rows (fewer than 50 events)
+        return []
+    return [{"path": os.path.relpath(f, out), "rows": pq.ParquetFile(f).metadata.num_rows}
+            for f in found]
+
+
+def _manifest(out: str, params: dict, tables: tuple[str, ...] = ()) -> dict:
+    """Write ``out/_manifest.json``; with ``tables``, also each table's rows and files."""
+    files = _files(out)
     man = {"params": params, "rows": sum(f["rows"] for f in files), "files": files}
+    if tables:
+        man["tables"] = {}
+        for t in tables:
+            tf = _files(os.path.join(out, t))
+            man["tables"][t] = {"rows": sum(f["rows"] for f in tf), "files": tf}
     with open(os.path.join(out, "_manifest.json"), "w") as fh:
         json.dump(man, fh, indent=1)
     return man
@@ -359,15 +385,171 @@ def _nexmark_frame(ids: np.ndarray, seed: int, partitions: int, ha: int, hb: int
     })
 
 
-def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_ratio: int = 2,
-            hot_bidder_ratio: int = 4, hot_seller_ratio: int = 4, progress: bool = False) -> dict:
-    """Write ``events`` NEXMark-style events (person : auction : bid = 1 : 3 : 46).
+# NEXMark's fixed vocabularies; few states and categories so the queries find matches
+_NX_STATES = np.array(["AZ", "CA", "ID", "OR", "WA", "WY"], dtype=object)
+_NX_CITIES = np.array(["Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend",
+                       "Redmond", "Seattle", "Kent", "Cheyenne"], dtype=object)
+_NX_FIRST = np.array(["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah",
+                      "Deiter", "Walter"], dtype=object)
+_NX_LAST = np.array(["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones",
+                     "Noris"], dtype=object)
+_NX_ADJECTIVES = np.array(["old", "rare", "signed", "vintage", "boxed", "mint", "used", "large"],
+                          dtype=object)
+_NX_NOUNS = np.array(["lamp", "clock", "guitar", "camera", "vase", "bicycle", "poster", "watch",
+                      "chair", "record"], dtype=object)
+_NX_CHANNELS = np.array(["Google", "Facebook", "Baidu", "Apple"], dtype=object)
+_NX_CYCLE, _NX_AUCTIONS, _NX_BIDS = 50, 3, 46     # events per cycle: 1 person, then 3 auctions, 46 bids
+_NX_CATEGORY0, _NX_CATEGORIES = 10, 5
+_NX_SCHEMAS = {
+    "person": "id long, name string, email_address string, credit_card string, city string, "
+              "state string, date_time timestamp_ntz",
+    "auction": "id long, item_name string, description string, initial_bid long, reserve long, "
+               "date_time timestamp_ntz, expires timestamp_ntz, seller long, category long",
+    "bid": "auction long, bidder long, price long, channel string, url string, date_time timestamp_ntz",
+}
 
-    One flat table: ``event_type`` (person, auction or bid), ``person_id`` (persons),
-    ``auction_id`` (auctions and bids), ``seller`` (auctions), ``bidder`` and ``price``
-    (bids), ``category`` (auctions), ``event_time``. Hot ratios as in NEXMark: a bid goes to
-    one of the few hottest auctions with probability 1 - 1/hot_auction_ratio, and likewise
-    bidders and sellers. Partitioned round-robin by event id (``id % partitions``).
+
+@dataclasses.dataclass(frozen=True)
+class _Nexmark:
+    """The generator's settings, validated (see :func:`nexmark`)."""
+
+    seed: int
+    partitions: int
+    hot_auction_ratio: int
+    hot_bidder_ratio: int
+    hot_seller_ratio: int
+    rate: float
+    in_flight_auctions: int
+    disorder_us: int
+    late_fraction: float
+
+    def rows(self, events: int) -> dict[str, int]:
+        """Rows of each table among the first ``events`` events."""
+        cycles, rest = divmod(events, _NX_CYCLE)
+        return {"person": cycles + (rest > 0),
+                "auction": cycles * _NX_AUCTIONS + min(max(rest - 1, 0), _NX_AUCTIONS),
+                "bid": cycles * _NX_BIDS + max(rest - 1 - _NX_AUCTIONS, 0)}
+
+    def times(self, events: np.ndarray) -> np.ndarray:
+        """Microseconds after the base time of each event: ``event / rate`` seconds, minus a
+        delay in (0, disorder] for the ``late_fraction`` of events that arrive late."""
+        us = np.floor(events * 1e6 / self.rate).astype(np.int64)   # exact when a whole µs
+        if self.disorder_us:
+            frac = self.late_fraction
+            lag = _blocks(events, self.seed, 20, lambda g, n: {
+                "late": g.random(n) < frac, "d": g.integers(1, self.disorder_us + 1, n)})
+            us = us - np.where(lag["late"], lag["d"], 0)
+        return us
+
+    def frame(self, table: str, rows: np.ndarray) -> pd.DataFrame:
+        """Rows ``rows`` (numbered from 0 in generation order) of ``table``, with the helper
+        columns ``_row`` and ``part``."""
+        df = getattr(self, table)(rows)
+        df.insert(0, "_row", rows)
+        df["part"] = rows % self.partitions
+        return df
+
+    def person(self, ids: np.ndarray) -> pd.DataFrame:
+        events = ids * _NX_CYCLE
+        r = _blocks(events, self.seed, 21, lambda g, n: {
+            "first": g.integers(0, len(_NX_FIRST), n), "last": g.integers(0, len(_NX_LAST), n),
+            "city": g.integers(0, len(_NX_CITIES), n), "state": g.integers(0, len(_NX_STATES), n),
+            "card": g.integers(0, 10_000, (n, 4))})
+        first, last = pd.Series(_NX_FIRST[r["first"]]), pd.Series(_NX_LAST[r["last"]])
+        groups = [pd.Series(r["card"][:, j]).astype(str).str.zfill(4) for j in range(4)]
+        return pd.DataFrame({
+            "id": ids,
+            "name": first + " " + last,
+            "email_address": (first + "." + last + pd.Series(ids).astype(str)).str.lower() + "@example.com",
+            "credit_card": groups[0] + " " + groups[1] + " " + groups[2] + " " + groups[3],
+            "city": _NX_CITIES[r["city"]],
+            "state": _NX_STATES[r["state"]],
+            "date_time": _at(self.times(events)),
+        })
+
+    def auction(self, ids: np.ndarray) -> pd.DataFrame:
+        cycle = ids // _NX_AUCTIONS
+        events = cycle * _NX_CYCLE + 1 + ids % _NX_AUCTIONS
+        r = _blocks(events, self.seed, 22, lambda g, n: {
+            "hot": g.random(n), "u": g.random(n), "cat": g.integers(0, _NX_CATEGORIES, n),
+            "length": g.uniform(0.5, 1.5, n), "initial": g.lognormal(6.0, 1.0, n),
+            "extra": g.lognormal(5.0, 1.0, n), "adj": g.integers(0, len(_NX_ADJECTIVES), n),
+            "noun": g.integers(0, len(_NX_NOUNS), n)})
+        # the hot seller is the newest person (this cycle's), else any person so far
+        seller = np.where(r["hot"] < 1 - 1 / self.hot_seller_ratio, cycle,
+                          (r["u"] * (cycle + 1)).astype(np.int64))
+        # about in_flight_auctions auctions open at once: the mean length spans that many auctions
+        mean_us = self.in_flight_auctions * _NX_CYCLE / _NX_AUCTIONS / self.rate * 1e6
+        start = self.times(events)
+        initial = np.ceil(r["initial"]).astype(np.int64)
+        item = pd.Series(_NX_ADJECTIVES[r["adj"]]) + " " + pd.Series(_NX_NOUNS[r["noun"]])
+        return pd.DataFrame({
+            "id": ids,
+            "item_name": item,
+            "description": "lot " + pd.Series(ids).astype(str) + ": a " + item,
+            "initial_bid": initial,
+            "reserve": initial + np.floor(r["extra"]).astype(np.int64),
+            "date_time": _at(start),
+            "expires": _at(start + np.maximum((r["length"] * mean_us).astype(np.int64), 1)),
+            "seller": seller,
+            "category": _NX_CATEGORY0 + r["cat"],
+        })
+
+    def bid(self, rows: np.ndarray) -> pd.DataFrame:
+        cycle = rows // _NX_BIDS
+        events = cycle * _NX_CYCLE + 1 + _NX_AUCTIONS + rows % _NX_BIDS
+        r = _blocks(events, self.seed, 23, lambda g, n: {
+            "hot_a": g.random(n), "u_a": g.random(n), "hot_b": g.random(n), "u_b": g.random(n),
+            "price": g.lognormal(6.0, 1.0, n), "channel": g.integers(0, len(_NX_CHANNELS), n),
+            "query": g.integers(0, 1_000_000, n)})
+        newest = cycle * _NX_AUCTIONS + _NX_AUCTIONS - 1      # this cycle's auctions come first
+        recent = np.minimum(self.in_flight_auctions, newest + 1)
+        auction = np.where(r["hot_a"] < 1 - 1 / self.hot_auction_ratio, newest,
+                           newest - (r["u_a"] * recent).astype(np.int64))
+        bidder = np.where(r["hot_b"] < 1 - 1 / self.hot_bidder_ratio, cycle,
+                          (r["u_b"] * (cycle + 1)).astype(np.int64))
+        channel = _NX_CHANNELS[r["channel"]]
+        return pd.DataFrame({
+            "auction": auction,
+            "bidder": bidder,
+            "price": np.ceil(r["price"]).astype(np.int64),
+            "channel": channel,
+            "url": ("https://www.nexmark.com/" + pd.Series(channel).str.lower() + "/item.htm?query="
+                    + pd.Series(r["query"]).astype(str)),
+            "date_time": _at(self.times(events)),
+        })
+
+
+def _at(us: np.ndarray) -> pd.DatetimeIndex:
+    return _BASE_TIME + pd.to_timedelta(us, unit="us")
+
+
+def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_ratio: int = 2,
+            hot_bidder_ratio: int = 4, hot_seller_ratio: int = 4, progress: bool = False, *,
+            rate: float = 10_000, in_flight_auctions: int = 100, disorder: float = 3.0,
+            late_fraction: float = 0.1, flat: bool = False) -> dict:
+    """Write ``events`` NEXMark events as three tables: ``person``, ``auction`` and ``bid``.
+
+    Events are numbered ``0..events-1`` in cycles of 50: one person, then three auctions,
+    then 46 bids (the standard mix 1:3:46). Event ``i`` happens ``i / rate`` seconds after
+    2026-01-01; ``late_fraction`` of the events arrive late, their ``date_time`` moved back
+    by up to ``disorder`` seconds. Each table is a directory ``path/<table>`` with one
+    directory ``part=<i>`` per partition, rows dealt round-robin by row number
+    (``row % partitions``) and written in generation order, so files are out of
+    event-time order as a real log is.
+
+    - ``person``: id, name, email_address, credit_card, city, state, date_time;
+    - ``auction``: id, item_name, description, initial_bid, reserve, date_time, expires,
+      seller, category (10..14);
+    - ``bid``: auction, bidder, price (cents), channel, url, date_time.
+
+    Person and auction ids count from 0 in generation order. An auction's seller is the
+    newest person with probability ``1 - 1/hot_seller_ratio``, else any person so far; a
+    bid's auction is the newest auction with probability ``1 - 1/hot_auction_ratio``, else
+    one of the last ``in_flight_auctions``; its bidder is the newest person with probability
+    ``1 - 1/hot_bidder_ratio``, else any person so far. An auction expires after
+    ``uniform(0.5, 1.5) * in_flight_auctions * 50/3 / rate`` seconds, so about
+    ``in_flight_auctions`` are open at a time.
 
     Parameters
     ----------
@@ -376,37 +558,88 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
     events : int
         Events to write.
     partitions : int
-        Log partitions, one directory ``part=<i>`` each.
+        Log partitions: files per table.
     seed : int
         Same seed, same files.
     hot_auction_ratio, hot_bidder_ratio, hot_seller_ratio : int
-        A bid goes to a hot auction, a bid comes from a hot bidder, an auction from a hot
+        A bid goes to the hot auction, comes from the hot bidder, an auction from the hot
         seller, with probability ``1 - 1/ratio``.
     progress : bool
         Show a progress bar of Spark tasks.
+    rate : float
+        Events per second of event time.
+    in_flight_auctions : int
+        Auctions open at a time, and those a bid that is not hot picks from.
+    disorder : float
+        Seconds: the most a late event's ``date_time`` is moved back (0: none is).
+    late_fraction : float
+        The share of events that arrive late, in [0, 1].
+    flat : bool
+        Write instead the older single table (``event_type``, ``person_id``, ``auction_id``,
+        ``seller``, ``bidder``, ``price``, ``category``, ``event_time``, one event per
+        millisecond, in event-time order); ``rate``, ``in_flight_auctions``, ``disorder`` and
+        ``late_fraction`` do not apply to it.
 
     Returns
     -------
     dict
-        The manifest: parameters, total rows and rows per file.
+        The manifest: parameters, total ``rows``, every file (``files``) and, unless
+        ``flat``, ``tables``: each table's ``rows`` and ``files`` (relative to its directory).
+
+    See Also
+    --------
+    read_manifest, zipf
     """
-    _check(path, events, partitions)
+    _check(path, events, partitions, "events")
     for name, r in (("hot_auction_ratio", hot_auction_ratio), ("hot_bidder_ratio", hot_bidder_ratio),
-                    ("hot_seller_ratio", hot_seller_ratio)):
-        if not isinstance(r, int) or r < 1:
-            raise ValueError(f"{name} must be a positive integer, got {r!r}")
+                    ("hot_seller_ratio", hot_seller_ratio), ("in_flight_auctions", in_flight_auctions)):
+        _positive_int(name, r)
+    if not (isinstance(rate, (int, float, np.number)) and 0 < rate < float("inf")):
+        raise ValueError(f"rate must be a positive number of events per second, got {rate!r}")
+    if not (0 <= disorder < float("inf")):
+        raise ValueError(f"disorder must be >= 0 seconds, got {disorder!r}")
+    if not (0 <= late_fraction <= 1):
+        raise ValueError(f"late_fraction must be in [0, 1], got {late_fraction!r}")
+    if flat:
+        return _nexmark_flat(path, int(events), int(partitions), int(seed), hot_auction_ratio,
+                             hot_bidder_ratio, hot_seller_ratio, progress)
+    spec = _Nexmark(int(seed), int(partitions), int(hot_auction_ratio), int(hot_bidder_ratio),
+                    int(hot_seller_ratio), float(rate), int(in_flight_auctions),
+                    int(round(float(disorder) * 1e6)), float(late_fraction))
     spark = spark_session()
-    sd, P = int(seed), int(partitions)
-    ha, hb, hs = hot_auction_ratio, hot_bidder_ratio, hot_seller_ratio
+    out = os.path.abspath(str(path))
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    n_tasks = max(2, min(spec.partitions, 16), int(events) // 2_000_000)
+    for table, rows in spec.rows(int(events)).items():
+        def gen(batches, table=table):
+            for pdf in batches:
+                yield spec.frame(table, pdf["id"].to_numpy())
+
+        schema = f"_row long, {_NX_SCHEMAS[table]}, part long"
+        sdf = spark.range(0, rows, 1, n_tasks).mapInPandas(gen, schema)
+        _write_parts(sdf, os.path.join(out, table), spec.partitions, "part", ("_row",), "_row", progress)
+    params = {"kind": "nexmark", "events": int(events), "partitions": spec.partitions, "seed": spec.seed,
+              "hot_auction_ratio": spec.hot_auction_ratio, "hot_bidder_ratio": spec.hot_bidder_ratio,
+              "hot_seller_ratio": spec.hot_seller_ratio, "rate": spec.rate,
+              "in_flight_auctions": spec.in_flight_auctions, "disorder": float(disorder),
+              "late_fraction": spec.late_fraction}
+    return _manifest(out, params, tables=tuple(_NX_SCHEMAS))
+
+
+def _nexmark_flat(path, events: int, partitions: int, seed: int, ha: int, hb: int, hs: int,
+                  progress: bool) -> dict:
+    """:func:`nexmark` with ``flat=True``: the single table of every event."""
+    spark = spark_session()
 
     def gen(batches):
         for pdf in batches:
-            yield _nexmark_frame(pdf["id"].to_numpy(), sd, P, ha, hb, hs)
+            yield _nexmark_frame(pdf["id"].to_numpy(), seed, partitions, ha, hb, hs)
 
     schema = ("id long, event_type string, person_id long, auction_id long, seller long, "
               "bidder long, price double, category long, event_time timestamp_ntz, part long")
-    n_tasks = max(2, min(P, 16), int(events) // 2_000_000)
-    sdf = spark.range(0, int(events), 1, n_tasks).mapInPandas(gen, schema)
-    params = {"kind": "nexmark", "events": int(events), "partitions": P, "seed": sd,
+    n_tasks = max(2, min(partitions, 16), events // 2_000_000)
+    sdf = spark.range(0, events, 1, n_tasks).mapInPandas(gen, schema)
+    params = {"kind": "nexmark", "events": events, "partitions": partitions, "seed": seed,
               "hot_auction_ratio": ha, "hot_bidder_ratio": hb, "hot_seller_ratio": hs}
-    return _write(sdf, path, P, "part", params, progress)
+    return _write(sdf, path, partitions, "part", params, progress)
