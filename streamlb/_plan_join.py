@@ -33,14 +33,16 @@ def another_input(p, st, stage, side: int | None = None):
 
 def _side(op, kb, window) -> int:
     """0 when ``kb`` (or the window after it) is the join's left input, else 1."""
-    left = op.upstreams[0]
-    return 0 if left is (window if window is not None else kb) else 1
+    return 0 if kb is (window.upstreams[0] if window is not None else op.upstreams[0]) else 1
 
 
 def joined(p, kb, op, stage, window=None):
-    """The exchange from ``stage`` into join ``op`` (a window join after ``window``)."""
+    """The exchange from ``stage`` into join ``op`` (a window join when its left input is a
+    window, whichever side the planner reaches it from first)."""
+    from ._nodes_time import window as window_node
     from .planner import Step, _ship
 
+    window = op.upstreams[0] if isinstance(op.upstreams[0], window_node) else None
     side = _side(op, kb, window)
     st = p.memo.get(id(op))
     if st is not None:

@@ -58,6 +58,7 @@ class Lifecycle:
     def __init__(self, job) -> None:
         self.job = job
         self.closed = False
+        self.pending: dict = {}         # instance -> a poll that did not answer in time
 
     def deploy(self, workers: list[str], restored: tuple[dict, str] | None, fresh_clock: bool,
                run: int = 0) -> None:
@@ -107,6 +108,9 @@ class Lifecycle:
         job = self.job
         futs = []
         for k, a in list(job.actors.items()):      # a rescale may change them
+            if k in self.pending:       # an answer that came too late last time: it holds outputs
+                futs.append((k, self.pending.pop(k)))
+                continue
             try:
                 futs.append((k, a.poll()))
             except Exception as exc:    # Dask already knows the actor's worker is gone
@@ -117,7 +121,10 @@ class Lifecycle:
             try:
                 r = f.result(timeout=None if deadline is None else max(deadline - time.time(), 0.01))
             except TimeoutError:
-                late = True             # the others' answers are still taken: they hold outputs
+                # the others' answers are still taken: they hold outputs; so does this one,
+                # which the instance gave away when it answered: the next poll takes it
+                self.pending[k] = f
+                late = True
                 continue
             except Exception as exc:
                 failure = failure or (k, exc)

@@ -11,6 +11,8 @@ from .._time import from_ns
 from ._joins import SIDE
 from ._window_payload import Rows
 
+_W = "_streamlb_window"
+
 
 class JoinRows(Rows):
     def __init__(self, operator: str, join: dict) -> None:
@@ -22,23 +24,23 @@ class JoinRows(Rows):
 
             self.where = Where(operator, self.where)
 
-    def pairs(self, payload: list) -> pd.DataFrame | None:
-        """The window's pairs of rows with equal keys (the payload holds one key's rows)."""
-        sides = [[f for f in payload if len(f) and f[SIDE].iat[0] == side] for side in (0, 1)]
+    def rows(self, fired: list, tt) -> pd.DataFrame | None:
+        """The pairs of every fired window, found with one merge on (key, window)."""
+        sides: list[list] = [[], []]
+        for w, (_key, _s, _e, pay) in enumerate(fired):
+            for f in pay:
+                if len(f):
+                    sides[int(f[SIDE].iat[0])].append(f.assign(**{_W: w}))
         if not sides[0] or not sides[1]:
             return None
         left, right = (pd.concat(fs, ignore_index=True).drop(columns=[SIDE]) for fs in sides)
         lk, rk = self.key_names
-        out = pd.merge(left, right, left_on=lk, right_on=rk, suffixes=self.suffixes, sort=False)
+        out = pd.merge(left, right, left_on=[lk, _W], right_on=[rk, _W], suffixes=self.suffixes, sort=False)
         if self.where is not None and len(out):
-            out = out[self.where(out)].reset_index(drop=True)
-        return out if len(out) else None
-
-    def rows(self, fired: list, tt) -> pd.DataFrame | None:
-        parts = []
-        for _key, s, e, pay in fired:
-            out = self.pairs(pay)
-            if out is not None:
-                parts.append(out.assign(window_start=from_ns(np.full(len(out), s), tt),
-                                        window_end=from_ns(np.full(len(out), e), tt)))
-        return pd.concat(parts, ignore_index=True) if parts else None
+            out = out[self.where(out.drop(columns=[_W]))].reset_index(drop=True)
+        if not len(out):
+            return None
+        w = out.pop(_W).to_numpy()
+        starts = np.array([f[1] for f in fired], np.int64)
+        ends = np.array([f[2] for f in fired], np.int64)
+        return out.assign(window_start=from_ns(starts[w], tt), window_end=from_ns(ends[w], tt))

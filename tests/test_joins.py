@@ -1,0 +1,202 @@
+"""Union, joins (interval, regular, window) and process, exact against pandas over the same
+files, on LocalCluster worker processes (the module's ``two_workers`` client)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from streamlb import PipelineError, planner
+
+BASE = pd.Timestamp("2026-01-01")
+S = pd.Timedelta("1s")
+
+
+def _write(root, name, df, files=4):
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    for i in range(files):
+        df.iloc[i::files].reset_index(drop=True).to_parquet(os.path.join(d, f"p{i}.parquet"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    """Two sides of 20,000 rows each over 100 s of event time, 500 keys (a skewed few hot),
+    10% of the rows up to 1 s out of order (the watermark stays 2 s behind: none late)."""
+    root = str(tmp_path_factory.mktemp("joins"))
+    rng = np.random.default_rng(7)
+    out = {}
+    for name, off, n in (("L", 0, 20_000), ("R", 1, 20_000)):
+        ms = np.arange(n) * 5 + off
+        ms = ms - np.where(rng.random(n) < 0.1, rng.integers(0, 1000, n), 0)
+        keys = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), rng.integers(0, 500, n))
+        df = pd.DataFrame({"k": keys, "v": rng.integers(0, 100, n), "t": BASE + pd.to_timedelta(ms, unit="ms")})
+        out[name] = (_write(root, name, df), df)
+    return out
+
+
+def _sources(tables, delay="2s"):
+    return [Stream.from_parquet(tables[n][0]).with_watermark("t", delay=delay) for n in ("L", "R")]
+
+
+def _run(client, src, balancer="static", **kw):
+    with streamlb.run(src, client=client, balancer=balancer, **kw) as job:
+        job.wait()
+        return job
+
+
+def _same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """Equal as multisets of rows, with the same columns."""
+    assert sorted(got.columns) == sorted(want.columns), (list(got.columns), list(want.columns))
+    cols = list(want.columns)
+    a = got[cols].sort_values(cols, na_position="first").reset_index(drop=True)
+    b = want[cols].sort_values(cols, na_position="first").reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def _interval(L, R, lo, hi, how="inner"):
+    m = L.reset_index().merge(R.reset_index(), on="k")
+    m = m[(m.t_x + lo <= m.t_y) & (m.t_y <= m.t_x + hi)]
+    parts = [m]
+    if how in ("left", "outer"):
+        parts.append(L[~L.index.isin(m.index_x)].rename(columns={"v": "v_x", "t": "t_x"}))
+    if how in ("right", "outer"):
+        parts.append(R[~R.index.isin(m.index_y)].rename(columns={"v": "v_y", "t": "t_y"}))
+    return pd.concat(parts, ignore_index=True).drop(columns=["index_x", "index_y"])
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "right", "outer"])
+def test_interval_join_matches_pandas(two_workers, tables, how):
+    left, right = _sources(tables)
+    out = []
+    left.key_by("k").join(right.key_by("k"), how=how, between=("-1s", "500ms"), name="ij").sink(out.append)
+    _run(two_workers, left)
+    got = pd.concat(out, ignore_index=True)
+    assert isinstance(out[0].index, pd.RangeIndex)
+    _same(got, _interval(tables["L"][1], tables["R"][1], -S, S / 2, how))
+
+
+def test_regular_join_with_where_and_ttl(two_workers, tables):
+    """A regular join of a small keyed table with the other side, filtered by ``where``:
+    every pair once, whatever the order rows came in; with ``ttl`` longer than the stream,
+    the same."""
+    L, R = tables["L"][1], tables["R"][1]
+    small = L[L.k >= 400].drop_duplicates("k").rename(columns={"v": "w"})
+    root = os.path.dirname(tables["L"][0])
+    path = _write(root, "small", small, files=2)
+    outs = {}
+    for ttl in (None, "1000s"):
+        a = Stream.from_parquet(path).with_watermark("t", delay="2s")
+        b = Stream.from_parquet(tables["R"][0]).with_watermark("t", delay="2s")
+        out = outs[ttl] = []
+        a.key_by("k").join(b.key_by("k"), ttl=ttl, where=lambda j: (j.v + j.w) % 3 == 0,
+                           suffixes=("_a", "_b")).sink(out.append)
+        _run(two_workers, a)
+    m = small.merge(R, on="k", suffixes=("_a", "_b"))
+    want = m[(m.v + m.w) % 3 == 0]
+    for ttl, out in outs.items():
+        _same(pd.concat(out, ignore_index=True), want)
+
+
+def test_join_keys_of_different_names_keep_both_columns(two_workers, tables):
+    L, R = tables["L"][1], tables["R"][1]
+    root = os.path.dirname(tables["L"][0])
+    path = _write(root, "renamed", R.rename(columns={"k": "kk"}))
+    a = Stream.from_parquet(tables["L"][0]).with_watermark("t", delay="2s")
+    b = Stream.from_parquet(path).with_watermark("t", delay="2s")
+    out = []
+    a.key_by("k").join(b.key_by("kk"), between=("0s", "200ms")).sink(out.append)
+    _run(two_workers, a)
+    m = pd.merge(L, R.rename(columns={"k": "kk"}), left_on="k", right_on="kk")
+    want = m[(m.t_x <= m.t_y) & (m.t_y <= m.t_x + S / 5)]
+    got = pd.concat(out, ignore_index=True)
+    assert list(got.columns) == list(want.columns)
+    _same(got, want)
+
+
+def test_window_join_matches_pandas(two_workers, tables):
+    left, right = _sources(tables)
+    out = []
+    left.key_by("k").window(size="10s").join(right.key_by("k"), name="wj").sink(out.append)
+    _run(two_workers, left)
+    L, R = (tables[n][1].assign(ws=lambda d: d.t.dt.floor("10s")) for n in ("L", "R"))
+    want = L.merge(R, on=["k", "ws"]).rename(columns={"ws": "window_start"})
+    want["window_end"] = want.window_start + 10 * S
+    _same(pd.concat(out, ignore_index=True), want)
+
+
+def test_union_of_two_sources_feeds_one_operator(two_workers, tables):
+    left, right = _sources(tables)
+    both = left.union(right.map(lambda df: df.assign(v=df.v * 10)))
+    out = []
+    both.key_by("k").window(size="20s").aggregate({"n": ("v", "count"), "s": ("v", "sum")}, name="u").sink(out.append)
+    job = _run(two_workers, left)
+    L, R = tables["L"][1], tables["R"][1].assign(v=lambda d: d.v * 10)
+    allr = pd.concat([L, R]).assign(window_start=lambda d: d.t.dt.floor("20s"))
+    want = allr.groupby(["k", "window_start"]).v.agg(n="count", s="sum").reset_index()
+    want["window_end"] = want.window_start + 20 * S
+    _same(pd.concat(out, ignore_index=True), want)
+    assert job.plan.stage("u").inputs == [s.id for s in job.plan.stages if s.is_source]
+
+
+def _closing(key, rows, ctx):
+    """Per key: sum values, and emit the sum 5 s of event time after the key's first row."""
+    st = ctx.state or {"sum": 0, "first": None}
+    st["sum"] += int(rows.v.sum())
+    if st["first"] is None:
+        st["first"] = rows.t.min()
+        ctx.timer(st["first"] + 5 * S)
+    else:
+        st["first"] = min(st["first"], rows.t.min())
+    ctx.state = st
+
+
+def _fire(key, when, ctx):
+    st = ctx.state
+    ctx.state = None
+    return pd.DataFrame({"total": [st["sum"]], "fired_at": [when]})
+
+
+def test_process_timers_fire_once_the_watermark_passes(two_workers, tables):
+    """Each key is a session that closes 5 s after the first row of the key's stream, at
+    the timer set by the first batch the key came in; rows after the timer fired start a
+    new one. The totals over a key's sessions are the key's sum, and each fire is at or
+    after 5 s past some row of the key."""
+    left, _ = _sources(tables)
+    out = []
+    left.key_by("k").process(_closing, on_timer=_fire, name="pr").sink(out.append)
+    _run(two_workers, left)
+    got = pd.concat(out, ignore_index=True)
+    L = tables["L"][1]
+    totals = got.groupby("k").total.sum().sort_index()
+    pd.testing.assert_series_equal(totals, L.groupby("k").v.sum().sort_index(), check_names=False)
+    assert (got.groupby("k").size() >= 1).all()
+
+
+def test_join_plans_refuse_what_they_cannot_run(tables):
+    left, right = _sources(tables)
+    with pytest.raises(PipelineError, match="regular join supports how='inner' only, got 'left'; left, right and "
+                                            "outer need between="):
+        left.key_by("k").join(right.key_by("k"), how="left")
+    with pytest.raises(PipelineError, match="how='cross' is not a join type; valid: inner, left, right, outer"):
+        left.key_by("k").join(right.key_by("k"), how="cross", between=("0s", "1s"))
+    with pytest.raises(PipelineError, match="join: other takes a keyed stream"):
+        left.key_by("k").join(right, between=("0s", "1s"))
+    left, right = _sources(tables)      # the refused nodes above hang on the first ones
+    left.key_by("k").window(gap="1s").join(right.key_by("k"))
+    with pytest.raises(PipelineError, match="window joins take tumbling or hopping windows"):
+        planner.plan(left, workers=2, key_groups=16, batch_size=100)
+    same = Stream.from_parquet(tables["L"][0]).with_watermark("t")
+    same.key_by("k").join(same.key_by("v"), between=("0s", "1s"), name="self")
+    with pytest.raises(PipelineError, match="join 'self': both sides come from the stage of"):
+        planner.plan(same, workers=2, key_groups=16, batch_size=100)
+    bare = Stream.from_parquet(tables["R"][0])
+    a = Stream.from_parquet(tables["L"][0]).with_watermark("t")
+    a.key_by("k").join(bare.key_by("k"), between=("0s", "1s"), name="nowm")
+    with pytest.raises(PipelineError, match="join 'nowm' needs event time: put .with_watermark"):
+        planner.plan(a, workers=2, key_groups=16, batch_size=100)
