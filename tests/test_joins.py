@@ -3,6 +3,7 @@ files, on LocalCluster worker processes (the module's ``two_workers`` client).""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -200,3 +201,92 @@ def test_join_plans_refuse_what_they_cannot_run(tables):
     a.key_by("k").join(bare.key_by("k"), between=("0s", "1s"), name="nowm")
     with pytest.raises(PipelineError, match="join 'nowm' needs event time: put .with_watermark"):
         planner.plan(a, workers=2, key_groups=16, batch_size=100)
+
+
+# -- live: migrations, autoflow, rescale, a SIGKILLed worker ----------------------------------
+G = 64
+
+
+def _paced_join(tables, how="outer", parallelism=4, rate=8_000):
+    left, right = (Stream.from_parquet(tables[n][0], batch_size=250, rate=rate).with_watermark("t", delay="2s")
+                   for n in ("L", "R"))
+    j = left.key_by("k").join(right.key_by("k"), how=how, between=("-1s", "500ms"), parallelism=parallelism,
+                              name="j")
+    return left, j
+
+
+def _swap_half(job, name="j") -> dict:
+    table = job.routing(name)
+    n = table.parallelism
+    return {g: (i + 1) % n for i in range(n) for g in table.key_groups_of(i)[::2]}
+
+
+@pytest.mark.parametrize("strategy", ["all-at-once", "fluid", "lazy", "pause"])
+def test_a_join_is_exact_across_live_migrations(two_workers, tables, strategy):
+    """Both sides' rows of a key group move together: the outer join's pairs and its
+    unmatched rows come out exactly once whichever way the groups move."""
+    from streamlb import MigrationError
+
+    src, j = _paced_join(tables)
+    out = []
+    j.sink(out.append)
+    moved = 0
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="static") as job:
+        for _ in range(2):
+            time.sleep(0.6)
+            try:
+                job.reassign("j", _swap_half(job), strategy=strategy)
+                moved += 1
+            except MigrationError as exc:       # the stream ended first
+                assert "it cannot take part" in str(exc)
+        job.wait(timeout=120)
+    assert moved >= 1
+    _same(pd.concat(out, ignore_index=True), _interval(tables["L"][1], tables["R"][1], -S, S / 2, "outer"))
+
+
+def test_joins_exact_while_autoflow_balances_and_across_rescales(two_workers, tables):
+    src, j = _paced_join(tables, how="left")
+    out = []
+    j.sink(out.append)
+    with streamlb.run(src, client=two_workers, key_groups=G, balancer="autoflow", window=0.2) as job:
+        job.wait(timeout=120)
+        moves = [h for h in job.history if h.get("operator") == "j" and "kind" not in h]
+    assert moves, "autoflow moved nothing"
+    _same(pd.concat(out, ignore_index=True), _interval(tables["L"][1], tables["R"][1], -S, S / 2, "left"))
+
+    left, right = _sources(tables)
+    left, right = (Stream.from_parquet(tables[n][0], batch_size=250, rate=8_000).with_watermark("t", delay="2s")
+                   for n in ("L", "R"))
+    out = []
+    left.key_by("k").window(size="10s").join(right.key_by("k"), parallelism=4, name="wj").sink(out.append)
+    with streamlb.run(left, client=two_workers, key_groups=G, balancer="static") as job:
+        for n in (6, 3):
+            time.sleep(0.6)
+            job.rescale("wj", n)
+        job.wait(timeout=120)
+        assert job.parallelism("wj") == 3
+    L, R = (tables[n][1].assign(ws=lambda d: d.t.dt.floor("10s")) for n in ("L", "R"))
+    want = L.merge(R, on=["k", "ws"]).rename(columns={"ws": "window_start"})
+    want["window_end"] = want.window_start + 10 * S
+    _same(pd.concat(out, ignore_index=True), want)
+
+
+@pytest.mark.cluster
+def test_join_outputs_exactly_once_across_a_sigkill(tables, tmp_path):
+    from distributed import Client
+
+    from conftest import dask_cli_cluster
+    from test_checkpoint import _kill_one
+
+    with dask_cli_cluster(workers=3) as address, Client(address) as c:
+        c.wait_for_workers(3, timeout=60)
+        src, j = _paced_join(tables, parallelism=3)
+        j.to_parquet(str(tmp_path / "out"))
+        job = streamlb.run(src, client=c, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
+        time.sleep(1.0)
+        victim = _kill_one(c, job)
+        job.wait(timeout=180)
+        recoveries = [h for h in job.history if h.get("kind") == "recovery"]
+        assert len(recoveries) == 1 and recoveries[0]["lost_workers"] == [victim]
+        job.stop()
+    _same(pd.read_parquet(tmp_path / "out"), _interval(tables["L"][1], tables["R"][1], -S, S / 2, "outer"))

@@ -75,16 +75,46 @@ class JoinState(StateStore):
         self.sides: list[list[_Chunk]] = [[], []]
         self.schema: list = [None, None]        # each side's columns, as an empty frame
         self.watermark = MIN_TIME
+        # key groups moving in a migration judge rows, and drop them, by the watermark they
+        # had when the move began (as window state does): rows a new owner held back until
+        # the state came are not late by a watermark that rose meanwhile
+        self.frozen = np.full(key_groups, MAX_TIME, np.int64)
+        self.holds: dict[int, np.ndarray] = {}
+        self.released = False
+
+    def hold(self, epoch: int, groups) -> None:
+        groups = np.asarray(list(groups), np.int64)
+        if len(groups):
+            self.holds[epoch] = groups
+            self.frozen[groups] = np.minimum(self.frozen[groups], self.watermark)
+
+    def unhold(self, epoch: int) -> None:
+        """The move is done here; its groups keep their watermark until the next one comes
+        (a new owner applies the rows it held back right after)."""
+        if self.holds.pop(epoch, None) is not None:
+            self.released = True
+
+    def _thaw(self) -> None:
+        """A watermark came after a move ended: its groups go by the watermark again."""
+        if self.released:
+            self.released = False
+            keep = np.zeros(self.groups, bool)
+            for gs in self.holds.values():
+                keep[gs] = True
+            self.frozen[~keep] = MAX_TIME
+
+    def _marks(self, groups: np.ndarray) -> np.ndarray:
+        """The watermark each row's key group goes by."""
+        return np.minimum(self.frozen[groups], self.watermark)
 
     # -- data ---------------------------------------------------------------------------------
-    def late(self, side: int, times: np.ndarray) -> np.ndarray:
+    def late(self, side: int, times: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Rows of ``side`` behind the watermark, past any match: interval joins take no row
         behind the watermark, regular joins with ``ttl`` none older than it behind it."""
-        if self.between is not None:
-            return times < self.watermark
-        if self.ttl is not None:
-            return times + self.ttl < self.watermark
-        return np.zeros(len(times), bool)
+        if self.between is None and self.ttl is None or self.watermark == MIN_TIME:
+            return np.zeros(len(times), bool)
+        marks = self._marks(np.asarray(groups, np.int64))
+        return times < marks if self.between is not None else times + self.ttl < marks
 
     def update(self, frame: pd.DataFrame, groups=None, times=None, side: int = 0):
         """Join the rows of ``side`` (without the side column) with the other side's rows
@@ -120,6 +150,10 @@ class JoinState(StateStore):
         self.mark_dirty(np.unique(groups))
         self._keep(side, _Chunk(frame, h, keys, times, groups, new_matched))
         return out if out is not None and len(out) else None
+
+    def groups_of(self, side: int, rows: pd.DataFrame) -> np.ndarray:
+        """Key groups of ``side``'s rows (for callers that pass none)."""
+        return assign_to_key_group(rows[self.key_names[side]].to_numpy(), self.groups, name=self.key_names[side])
 
     def merged(self, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
         """Pairs ``left.iloc[i]``, ``right.iloc[i]`` as one frame, in the columns
@@ -170,6 +204,7 @@ class JoinState(StateStore):
         """The watermark rose: drop the rows no new row can match. Returns, for an outer
         join, ``(side, rows)`` of those dropped that never matched."""
         self.watermark = max(self.watermark, watermark)
+        self._thaw()
         out = []
         for side in (0, 1):
             limit = self._limit(side)
@@ -177,8 +212,9 @@ class JoinState(StateStore):
                 continue
             emit = self.how == "outer" or self.how == ("left", "right")[side]
             kept, gone = [], []
+            held = bool((self.frozen < MAX_TIME).any())
             for c in self.sides[side]:
-                drop = c.t < limit
+                drop = c.t < (limit if not held else self._limit(side, self._marks(c.g)))
                 if not drop.any():
                     kept.append(c)
                     continue
@@ -192,17 +228,21 @@ class JoinState(StateStore):
                 out.append((side, pd.concat(gone, ignore_index=True)))
         return out
 
-    def _limit(self, side: int) -> int | None:
-        """Rows of ``side`` with an event time below this are past any match."""
+    def _limit(self, side: int, marks=None):
+        """Rows of ``side`` with an event time below this are past any match (per row, by
+        ``marks``, the watermark of each row's key group, when given)."""
         if self.watermark == MIN_TIME:
             return None
+        wm = self.watermark if marks is None else marks.astype(object)
         if self.between is not None:
             lower, upper = self.between
-            limit = self.watermark - upper if side == 0 else self.watermark + lower
+            limit = wm - upper if side == 0 else wm + lower
         elif self.ttl is not None:
-            limit = self.watermark - self.ttl
+            limit = wm - self.ttl
         else:
             return None
+        if marks is not None:
+            return np.clip(limit, MIN_TIME, MAX_TIME).astype(np.int64)
         return min(max(limit, MIN_TIME), MAX_TIME)
 
     # -- migration and checkpoints ------------------------------------------------------------

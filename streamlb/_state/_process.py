@@ -148,7 +148,7 @@ class ProcessState(StateStore):
 
     def cut_keys(self, keys, groups=None) -> dict:
         keys = np.asarray(keys).tolist()
-        items = [(k, self.group_of[k]) for k in keys if k in self.keys]
+        items = [(k, self.group_of[k]) for k in dict.fromkeys(keys) if k in self.keys]
         self.mark_dirty([g for _, g in items])
         return self._blob(items, take=True)
 

@@ -386,7 +386,8 @@ class WindowState(Sessions, StateStore):
             groups = assign_to_key_group(_key_array(keys), self.groups, name=self.key_name) if keys else []
         groups = np.asarray(groups, np.int64).tolist()
         self.mark_dirty(groups)
-        items = [(k, g) for k, g in zip(keys, groups) if k in self.keys]
+        # a key asked for twice (by routers of both inputs of a join) goes once
+        items = list(dict.fromkeys((k, g) for k, g in zip(keys, groups) if k in self.keys))
         return self._blob(items, sorted(set(groups)), take=True)
 
     def install(self, blob: dict) -> None:

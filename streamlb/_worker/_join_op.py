@@ -88,7 +88,7 @@ class JoinOperator(_Keyed):
                 ctx.dead.add(self.stage.name, rows[bad], [f"event time {col!r} is null"] * int(bad.sum()))
                 rows, g = rows[~bad], (g[~bad] if g is not None else None)
             if times is not None:
-                late = store.late(side, times)
+                late = store.late(side, times, g if g is not None else store.groups_of(side, rows))
                 if late.any():
                     await self._late(rows[late].assign(side=SIDES[side]), emitted)
                     rows, times = rows[~late], times[~late]
