@@ -246,9 +246,11 @@ class OwnerSide:
         m.installed.update(msg.groups)
         if len(m.installed) == len(m.incoming):
             m.installed_at = time.time()
-        self._maybe_done(m)
         arrived = np.asarray(msg.groups, np.int64)
+        # the rows held back go first, judged by the watermark the groups had while moving
+        # (a store lets go of that once the move is done: a window store at its next batch)
         await self._release(m, lambda h: np.isin(h.groups, arrived))
+        self._maybe_done(m)
 
     async def install_keys(self, msg: InstallKeys) -> None:
         self.store.install(msg.blob)
