@@ -19,18 +19,16 @@ def _sources(by_id, st) -> list:
     return sorted(out, key=lambda s: s.id)
 
 
-def _clock(by_id, st, slots, what: str, needed: bool = True) -> tuple:
+def _clock(by_id, st, slots, what: str) -> tuple:
     """``(column, unit)`` of the event time of the sources behind input ``slots`` of ``st``:
-    one column for all of them; ``(None, None)`` when none has one and it is not ``needed``."""
+    one column for all of them."""
     srcs = [s for slot in slots for s in _sources(by_id, by_id[st.inputs[slot]])]
     bare = [s for s in srcs if s.watermark is None]
-    if bare and (needed or len(bare) < len(srcs)):
+    if bare:
         raise PipelineError(
             f"{what} {st.name!r} needs event time: put .with_watermark(column) in the stage of source "
             f"{bare[0].name!r} (Stream.from_parquet(...).with_watermark('event_time')); every source that "
             "feeds it needs one, or its watermark could not advance")
-    if bare:
-        return None, None
     clocks = {(s.watermark["column"], s.watermark["unit"]) for s in srcs}
     if len(clocks) > 1:
         raise PipelineError(
@@ -52,10 +50,11 @@ def event_time(plan) -> None:
             column, unit = _clock(by_id, st, slots, "process operator")
             st.process.update(column=column, unit=unit)
         elif st.kind == "join":
-            needed = st.join["between"] is not None or st.join["ttl"] is not None
+            if st.join["between"] is None and st.join["ttl"] is None:
+                continue            # a regular join that keeps every row needs no event time
             for side in (0, 1):
                 mine = [k for k in slots if st.sides[k] == side]
-                st.join["columns"][side], st.join["units"][side] = _clock(by_id, st, mine, "join", needed)
+                st.join["columns"][side], st.join["units"][side] = _clock(by_id, st, mine, "join")
 
 
 def check_event_time(src, cols: dict) -> None:

@@ -59,6 +59,18 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def nexmark_path(spark, tmp_path_factory):
+    """NEXMark's three tables, 20k events over 100 s of event time: ten tumbling windows,
+    sessions. At 201 events/s some bids fall exactly on window boundaries (every 402nd
+    event is on a 2 s boundary)."""
+    from streamlb import datasets
+
+    path = str(tmp_path_factory.mktemp("data") / "nexmark")
+    datasets.nexmark(path, events=20_000, partitions=2, seed=5, rate=201)
+    return path
+
+
+@pytest.fixture(scope="session")
 def zipf_path(spark, tmp_path_factory):
     """300k rows of drifting Zipf(1.2) over 20k keys in 4 log partitions, made by PySpark."""
     from streamlb import datasets

@@ -12,15 +12,6 @@ S = 1_000_000_000                           # nanoseconds per second
 
 
 @pytest.fixture(scope="module")
-def nexmark_path(spark, tmp_path_factory):
-    """20k events over 100 s of event time: ten tumbling windows, sessions. At 201 events/s
-    some bids fall exactly on window boundaries (every 402nd event is on a 2 s boundary)."""
-    path = str(tmp_path_factory.mktemp("data") / "nexmark")
-    datasets.nexmark(path, events=20_000, partitions=2, seed=5, rate=201)
-    return path
-
-
-@pytest.fixture(scope="module")
 def tables(nexmark_path):
     cols = {"person": ["id", "name", "email_address", "credit_card", "city", "state", "date_time"],
             "auction": ["id", "item_name", "description", "initial_bid", "reserve", "date_time",

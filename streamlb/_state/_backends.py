@@ -56,10 +56,10 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
 
             return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)
         if stage.window["mode"] == "join":
+            from ._joins import KEY
             from ._window_join import JoinRows
 
-            return WindowState(stage.name, stage.window, stage.key_name, key_groups,
-                               payload=JoinRows(stage.name, stage.join))
+            return WindowState(stage.name, stage.window, KEY, key_groups, payload=JoinRows(stage.name, stage.join))
         return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
     if stage.kind == "join":
         from ._joins import JoinState

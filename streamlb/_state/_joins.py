@@ -25,6 +25,7 @@ from ._base import StateStore
 #: A side's chunks are merged into one when there are more than this many.
 MAX_CHUNKS = 8
 SIDE = "_streamlb_side"         # the column a join's instance marks each arriving row's side in
+KEY = "_streamlb_key"           # a window join's key, whatever each side calls its key column
 _T, _M, _P = "_streamlb_t", "_streamlb_matched", "_streamlb_pair"
 
 

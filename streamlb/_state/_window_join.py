@@ -1,5 +1,6 @@
 """Payloads of a window join (``key_by(...).window(...).join(other)``): each pane keeps the
-batches' rows as they came, each batch from one side (its side column says which); a fired
+batches' rows as they came, each batch from one side (its side column says which; the key
+is in a column of its own, as the sides may name theirs differently); a fired
 window joins its left rows with its right rows, as ``pandas.merge`` would, and adds
 ``window_start`` and ``window_end``."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .._time import from_ns
-from ._joins import SIDE
+from ._joins import KEY, SIDE
 from ._window_payload import Rows
 
 _W = "_streamlb_window"
@@ -33,7 +34,7 @@ class JoinRows(Rows):
                     sides[int(f[SIDE].iat[0])].append(f.assign(**{_W: w}))
         if not sides[0] or not sides[1]:
             return None
-        left, right = (pd.concat(fs, ignore_index=True).drop(columns=[SIDE]) for fs in sides)
+        left, right = (pd.concat(fs, ignore_index=True).drop(columns=[SIDE, KEY]) for fs in sides)
         lk, rk = self.key_names
         out = pd.merge(left, right, left_on=[lk, _W], right_on=[rk, _W], suffixes=self.suffixes, sort=False)
         if self.where is not None and len(out):

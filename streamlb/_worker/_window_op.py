@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from .._state._joins import SIDE
+from .._state._joins import KEY, SIDE
 from .._time import MAX_TIME, nulls, time_type, to_ns
 from ._messages import Partial
 from ._operators import _Keyed
@@ -32,7 +32,8 @@ class WindowOperator(_Keyed):
             return frame
         from ._join_op import side_of
 
-        return frame.assign(**{SIDE: np.int8(side_of(self.stage, sender))})
+        side = side_of(self.stage, sender)
+        return frame.assign(**{SIDE: np.int8(side), KEY: frame[self.stage.join["key_names"][side]]})
 
     def accept(self, frame: pd.DataFrame, groups):
         """Rows without an event time, and rows whose summed columns are not numbers, go to
@@ -123,7 +124,7 @@ class WindowOperator(_Keyed):
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
         self.ctx.meter.late(len(rows))
         if SIDE in rows.columns:        # a window join's: which side each row is from
-            rows = rows.assign(side=np.where(rows[SIDE].to_numpy() == 0, "left", "right")).drop(columns=[SIDE])
+            rows = rows.assign(side=np.where(rows[SIDE].to_numpy() == 0, "left", "right")).drop(columns=[SIDE, KEY])
         if self.stage.late:
             await self.ctx.steps.run(self.stage.late, rows, emitted)
         else:

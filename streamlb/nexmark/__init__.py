@@ -1,0 +1,223 @@
+"""The NEXMark queries on streamlb's public API.
+
+Each ``qN(person, auction, bid)`` takes the source nodes of the three tables that
+:func:`streamlb.datasets.nexmark` writes (``Stream.from_parquet(path + "/person")`` and so
+on), ignores those it does not use, gives the others their watermark itself (``date_time``,
+4 s behind, as the Flink suite's DDL), builds the query and returns its output node, whose
+rows have exactly the columns of the Flink suite's SELECT lists (snake_case, no ``extra``).
+:mod:`streamlb.nexmark._truth` holds each query's semantics and its PySpark batch answer;
+``docs/nexmark.md`` says how each one runs.
+
+Q4 and Q6 are update streams: the last row per key is the result.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q11", "q12", "QUERIES", "UPDATE_KEYS"]
+
+DELAY = "4s"
+#: The longest an auction may run and still close with its bids (the interval join's bound).
+MAX_AUCTION = "1h"
+_NS = pd.Timedelta("1ns")
+
+
+def _timed(src, column: str = "date_time"):
+    return src.with_watermark(column, delay=DELAY)
+
+
+# -- q0-q2: stateless -------------------------------------------------------------------------
+def q0(person, auction, bid):
+    """Pass-through: every bid's auction, bidder, price, date_time."""
+    return _timed(bid).map(lambda df: df[["auction", "bidder", "price", "date_time"]].reset_index(drop=True))
+
+
+def _q1(df):
+    return pd.DataFrame({"auction": df.auction.to_numpy(), "bidder": df.bidder.to_numpy(),
+                         "price": df.price.to_numpy(np.float64) * 0.908, "date_time": df.date_time.to_numpy()})
+
+
+def q1(person, auction, bid):
+    """Currency conversion: every bid with its price × 0.908."""
+    return _timed(bid).map(_q1)
+
+
+def q2(person, auction, bid):
+    """Selection: the auction and price of bids on every 123rd auction."""
+    return _timed(bid).map(lambda df: df.loc[df.auction % 123 == 0, ["auction", "price"]].reset_index(drop=True))
+
+
+# -- q3: a regular join ---------------------------------------------------------------------
+def q3(person, auction, bid):
+    """Local item suggestion: auctions of category 10 by sellers in OR, ID or CA."""
+    a = _timed(auction).map(lambda df: df.loc[df.category == 10, ["id", "seller"]].rename(columns={"id": "auction_id"}))
+    p = _timed(person).map(lambda df: df.loc[df.state.isin(["OR", "ID", "CA"]), ["id", "name", "city", "state"]])
+    j = a.key_by("seller").join(p.key_by("id"), name="q3_join")
+    return j.map(lambda df: df[["name", "city", "state", "auction_id"]].rename(columns={"auction_id": "id"}))
+
+
+# -- q4, q6: auctions closing with their highest bid -----------------------------------------
+def _bid_in_time(joined):
+    return (joined.date_time_y >= joined.date_time_x) & (joined.date_time_y <= joined.expires)
+
+
+def _highest(key, rows, ctx):
+    """Per auction: the highest bid so far; the auction closes at its ``expires``."""
+    top = float(rows.price.max())
+    if ctx.state is None:
+        r = rows.iloc[0]
+        ctx.state = {"final": top, "category": int(r.category), "seller": int(r.seller), "expires": r.expires}
+        ctx.timer(r.expires)
+    else:
+        ctx.state["final"] = max(ctx.state["final"], top)
+
+
+def _close(key, when, ctx):
+    st, ctx.state = ctx.state, None
+    return pd.DataFrame({"category": [st["category"]], "seller": [st["seller"]], "final": [st["final"]],
+                         "expires": [st["expires"]]})
+
+
+def closed_auctions(auction, bid):
+    """Each auction that had a bid within its lifetime, once the watermark passes its
+    ``expires``: id, category, seller, final (its highest such bid), expires."""
+    a = _timed(auction).map(lambda df: df[["id", "seller", "category", "date_time", "expires"]])
+    b = _timed(bid).map(lambda df: df[["auction", "price", "date_time"]])
+    pairs = a.key_by("id").join(b.key_by("auction"), between=("0s", MAX_AUCTION), where=_bid_in_time,
+                                name="closing_join")
+    return pairs.key_by("id").process(_highest, on_timer=_close, name="closing")
+
+
+def _avg(df):
+    df = df.reset_index()
+    return pd.DataFrame({"category": df.category.to_numpy(), "avg_price": df.total.to_numpy() / df.n.to_numpy()})
+
+
+def q4(person, auction, bid):
+    """Average closing price per category (an update stream)."""
+    closed = closed_auctions(auction, bid)
+    return closed.key_by("category").aggregate({"total": ("final", "sum"), "n": ("final", "count")},
+                                               name="q4_avg").map(_avg)
+
+
+def _seller_rows(key, rows, ctx):
+    """Closed auctions of a seller wait until the watermark passes their ``expires``: then
+    they count in (expires, id) order, whichever instance closed them."""
+    st = ctx.state or {"waiting": [], "last": []}
+    for r in rows.itertuples(index=False):
+        st["waiting"].append((r.expires, r.id, float(r.final)))
+        ctx.timer(r.expires)
+    ctx.state = st
+
+
+def _seller_avg(key, when, ctx):
+    st = ctx.state
+    due = sorted(w for w in st["waiting"] if w[0] <= when)
+    if not due:
+        return None
+    st["waiting"] = [w for w in st["waiting"] if w[0] > when]
+    st["last"] = (st["last"] + [w[2] for w in due])[-10:]
+    ctx.state = st
+    return pd.DataFrame({"avg_price": [float(np.mean(st["last"]))]})
+
+
+def q6(person, auction, bid):
+    """Average selling price of each seller's last 10 closed auctions (an update stream)."""
+    closed = closed_auctions(auction, bid)
+    return closed.key_by("seller").process(_seller_rows, on_timer=_seller_avg, name="q6_avg")
+
+
+# -- q5, q7: the top of each window -----------------------------------------------------------
+def _window_key(df):
+    return df.window_end.to_numpy().astype("datetime64[ns]").view(np.int64)
+
+
+def _unwindowed(df):
+    return df.drop(columns=["window"])
+
+
+def _gather(key, rows, ctx):
+    """Rows of one window (keyed by its end): kept until the watermark reaches the end."""
+    st = ctx.state
+    if st is None:
+        st = []
+        ctx.timer(rows.window_end.iloc[0] - _NS)
+    st.append(rows)
+    ctx.state = st
+
+
+def _top_num(key, when, ctx):
+    rows, ctx.state = pd.concat(ctx.state, ignore_index=True), None
+    top = rows[rows.num == rows.num.max()]
+    return pd.DataFrame({"auction": top.auction.to_numpy(), "num": top.num.to_numpy()})
+
+
+def q5(person, auction, bid):
+    """Hot items: per 10 s window sliding by 2 s, the auctions with the most bids."""
+    counts = _timed(bid).key_by("auction").window(size="10s", slide="2s").aggregate(
+        {"num": ("auction", "count")}, name="q5_count")
+    top = counts.key_by(_window_key, name="window").process(_gather, on_timer=_top_num, name="q5_top")
+    return top.map(_unwindowed)
+
+
+def _top_bids(key, start, end, rows):
+    return rows.loc[rows.price == rows.price.max(), ["price", "bidder", "date_time"]]
+
+
+def _top_price(key, when, ctx):
+    rows, ctx.state = pd.concat(ctx.state, ignore_index=True), None
+    top = rows[rows.price == rows.price.max()]
+    return pd.DataFrame({"auction": top.auction.to_numpy(), "price": top.price.to_numpy(),
+                         "bidder": top.bidder.to_numpy(), "date_time": top.date_time.to_numpy()})
+
+
+def q7(person, auction, bid):
+    """Highest bid: per 10 s tumbling window, the bids at the window's highest price (each
+    auction's best per window first, then the window's best of those)."""
+    best = _timed(bid).key_by("auction").window(size="10s").apply(_top_bids, name="q7_best")
+    top = best.key_by(_window_key, name="window").process(_gather, on_timer=_top_price, name="q7_top")
+    return top.map(_unwindowed)
+
+
+# -- q8: a window join ------------------------------------------------------------------------
+def _new_users(df):
+    out = df[["id", "name", "window_start"]].drop_duplicates().rename(columns={"window_start": "starttime"})
+    return out.reset_index(drop=True)
+
+
+def q8(person, auction, bid):
+    """Monitor new users: people who opened auctions in the same 10 s window they joined."""
+    p = _timed(person).map(lambda df: df[["id", "name", "date_time"]])
+    a = _timed(auction).map(lambda df: df[["seller", "date_time"]])
+    return p.key_by("id").window(size="10s").join(a.key_by("seller"), name="q8_join").map(_new_users)
+
+
+# -- q11, q12: per bidder -----------------------------------------------------------------------
+def _per_bidder(df):
+    return pd.DataFrame({"bidder": df.bidder.to_numpy(), "bid_count": df.bid_count.to_numpy(),
+                         "starttime": df.window_start.to_numpy(), "endtime": df.window_end.to_numpy()})
+
+
+def q11(person, auction, bid):
+    """User sessions: bids per bidder session (gap 10 s)."""
+    return _timed(bid).key_by("bidder").window(gap="10s").aggregate(
+        {"bid_count": ("bidder", "count")}, name="q11_sessions").map(_per_bidder)
+
+
+def _now(df):
+    return df[["bidder"]].assign(processing_time=pd.Timestamp.now())
+
+
+def q12(person, auction, bid):
+    """Bids per bidder per 10 s processing-time window (processing time taken as the bid
+    leaves its source)."""
+    pt = bid.map(_now).with_watermark("processing_time", delay="0s")
+    return pt.key_by("bidder").window(size="10s").aggregate(
+        {"bid_count": ("bidder", "count")}, name="q12_windows").map(_per_bidder)
+
+
+QUERIES = {"q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q6": q6, "q7": q7, "q8": q8,
+           "q11": q11, "q12": q12}
+#: the key of each update-stream query: its last row per key is the result
+UPDATE_KEYS = {"q4": "category", "q6": "seller"}
