@@ -36,6 +36,8 @@ class EpochParticipant:
             state = self.status if self.status != "running" else "finishing"
             raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
         self.owner.prepare(epoch, strategy, outgoing, incoming, flush, armed)
+        if outgoing or incoming:
+            self.watermarks.freeze(epoch)
 
     async def arm(self, epoch: int) -> None:
         """Every owner accepted ``epoch``: give its groups once aligned (``OwnerSide.arm``)."""
@@ -45,12 +47,14 @@ class EpochParticipant:
     async def abort(self, epoch: int) -> None:
         """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
         self.owner.abort(epoch)
+        await self.watermarks.thaw(epoch)
         self._wake.set()        # a finishing owner may have been waiting only for this epoch
 
     async def forget(self, epoch: int, target: int | None = None) -> None:
         """``epoch`` is recorded: drop it as an owner or, with ``target``, as that stage's router."""
         if target is None:
             self.owner.forget(epoch)
+            await self.watermarks.thaw(epoch)
         else:
             self.exchanges[target].forget(epoch)
 

@@ -87,6 +87,9 @@ class Watermarks:
         self.sent: tuple | None = None
         self.lock = asyncio.Lock()
         self.active = self.clock is not None    # any watermark seen or made here
+        # migrations this instance takes part in: epoch -> (the watermark forwarded when it
+        # began, when); nothing higher is forwarded until the epoch is recorded everywhere
+        self.frozen: dict[int, tuple[int, float]] = {}
 
     # -- a source -------------------------------------------------------------------------------
     def observe(self, frame):
@@ -196,12 +199,37 @@ class Watermarks:
                 self.current = eff
                 await self.inst.op.on_watermark(eff, made_at)
             self.idle = idle
-            state = (self.current, idle)
-            if state != self.sent and (self.current > MIN_TIME or idle):
+            fwd = self._forwarded()
+            state = (fwd, idle)
+            if state != self.sent and (fwd > MIN_TIME or idle):
                 self.sent = state
-                msg = Watermark(int(self.current), idle, made_at)
+                msg = Watermark(int(fwd), idle, made_at)
                 for ex in list(self.inst.exchanges.values()):
                     await ex.watermark(msg)
+
+    # -- migrations: what moves is emitted before the watermark passes it ----------------------
+    def freeze(self, epoch: int) -> None:
+        """A move of ``epoch`` involves this instance. Until it is recorded everywhere
+        (:meth:`thaw`), the watermark forwarded stays where it is: an old owner has not fired
+        the moving groups' windows or timers past it, and the new owner fires them, and applies
+        the rows it held back, only once their state is in; forwarding past them would make
+        what they emit late downstream (a window after a window, a process after a join)."""
+        self.frozen.setdefault(epoch, (self.sent[0] if self.sent else MIN_TIME, time.time()))
+
+    async def thaw(self, epoch: int) -> None:
+        if self.frozen.pop(epoch, None) is not None:
+            await self._advance(MIN_TIME, self.idle, time.time())
+
+    def _forwarded(self) -> int:
+        if not self.frozen:
+            return self.current
+        from .. import config
+
+        limit = config.seconds("migration.timeout")
+        now = time.time()
+        for e in [e for e, (_, t) in self.frozen.items() if now - t > limit]:
+            del self.frozen[e]          # the epoch was never recorded (it failed): let go
+        return min([self.current, *(w for w, _ in self.frozen.values())])
 
     def reported(self) -> int | None:
         """The watermark a load report carries (None: none yet)."""
