@@ -332,7 +332,7 @@ class Job:
             The new count, in ``1..G`` (key groups stay fixed).
         strategy : str, optional
             How key groups move onto new instances (or off retiring ones): ``lazy`` (setting
-            ``streamlb.reconfiguration.strategy``), ``fluid``, ``all-at-once`` or ``pause``.
+            ``streamlb.reconfiguration.strategy``), ``fluid``, ``all-at-once``, ``pause`` or ``batched``.
         workers : list of str, optional
             Worker addresses for the new instances, in turn; default the workers holding
             fewest of the job's instances (workers that joined after the start included).
@@ -374,7 +374,7 @@ class Job:
         to_instance : int
             The new owner, in ``0..parallelism-1``.
         strategy : str, optional
-            ``all-at-once``, ``fluid``, ``lazy`` or ``pause`` (default: the job's migration
+            ``all-at-once``, ``fluid``, ``lazy``, ``pause`` or ``batched`` (default: the job's migration
             strategy, else setting ``streamlb.migration.strategy``).
 
         Returns

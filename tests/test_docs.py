@@ -26,6 +26,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 MODULES = [
     "streamlb.balancer",
     "streamlb.datasets",
+    "streamlb.nexmark",
     "streamlb.simulator",
     "streamlb.scaler",
     "streamlb.keygroups",

@@ -16,7 +16,7 @@ from test_pipeline import check_emitted, check_running_count, running_count
 pytestmark = pytest.mark.spark
 
 G = 64
-STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
+STRATEGIES = ["all-at-once", "fluid", "lazy", "pause", "batched"]
 AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
 
 

@@ -29,7 +29,7 @@ from ._split import key_group_of
 
 logger = logging.getLogger("streamlb.migration")
 
-STRATEGIES = ("all-at-once", "fluid", "lazy", "pause")
+STRATEGIES = ("all-at-once", "fluid", "lazy", "pause", "batched")
 
 
 def check_strategy(strategy: str) -> str:
@@ -70,13 +70,40 @@ def _check_unsplit(op: OperatorControl, moving: list[tuple[int, int]]) -> None:
 
 async def _steps(op: OperatorControl, call: Call, moving: list[tuple[int, int]], strategy: str,
                  fluid_step: int) -> list[list[tuple[int, int]]]:
-    """The moves of each epoch: all in one, or fluid steps."""
+    """The moves of each epoch: all in one, fluid steps, or Megaphone's matching rounds."""
+    if strategy == "batched":
+        return matching_rounds(moving, op.table.owners)
     if strategy != "fluid":
         return [moving] if moving else []
     moving = _interleave(moving, op.table.owners)
     budget = int(config.get("migration.fluid-keys"))
     keys = await _keys_held(op, call, moving) if budget > 0 else {}   # no budget: no count
     return _fluid_epochs(moving, fluid_step, keys, budget)
+
+
+def matching_rounds(moving: list[tuple[int, int]], owners) -> list[list[tuple[int, int]]]:
+    """Megaphone's ``batched`` migration: rounds (one epoch each) in which every instance
+    gives at most one key group and takes at most one, so no instance serialises, ships or
+    installs more than one group's state at a time; greedily, in order.
+
+    >>> matching_rounds([(0, 1), (1, 1), (2, 0), (3, 2)], [0, 0, 1, 1])
+    [[(0, 1), (2, 0)], [(1, 1), (3, 2)]]
+    """
+    rounds: list[list[tuple[int, int]]] = []
+    left = list(moving)
+    while left:
+        gives, takes, now, later = set(), set(), [], []
+        for g, to in left:
+            src = int(owners[g])
+            if src in gives or to in takes:
+                later.append((g, to))
+            else:
+                gives.add(src)
+                takes.add(to)
+                now.append((g, to))
+        rounds.append(now)
+        left = later
+    return rounds
 
 
 def _interleave(moving: list[tuple[int, int]], owners) -> list[tuple[int, int]]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q11", "q12", "QUERIES", "UPDATE_KEYS"]
+__all__ = ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q11", "q12", "closed_auctions", "QUERIES",
+           "UPDATE_KEYS"]
 
 DELAY = "4s"
 #: The longest an auction may run and still close with its bids (the interval join's bound).
@@ -217,6 +218,7 @@ def q12(person, auction, bid):
         {"bid_count": ("bidder", "count")}, name="q12_windows").map(_per_bidder)
 
 
+#: query name -> its function
 QUERIES = {"q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q6": q6, "q7": q7, "q8": q8,
            "q11": q11, "q12": q12}
 #: the key of each update-stream query: its last row per key is the result
