@@ -96,7 +96,8 @@ class join(_Late, _Described):
             ttl = duration_ns(ttl, f"{what}: ttl")
         if where is not None and not callable(where):
             raise PipelineError(f"{what}: where must be a function of the joined rows returning a mask, got {where!r}")
-        if not (isinstance(suffixes, (tuple, list)) and len(suffixes) == 2 and all(isinstance(x, str) for x in suffixes)):
+        if not (isinstance(suffixes, (tuple, list)) and len(suffixes) == 2
+                and all(isinstance(x, str) for x in suffixes)):
             raise PipelineError(f"{what}: suffixes must be a pair of strings, got {suffixes!r}")
         _check_parallelism(parallelism, what)
         _check_name(name, "join")

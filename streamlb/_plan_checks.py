@@ -2,8 +2,13 @@
 operator needs, the columns a source reads, and the batch size of paced sources."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .exceptions import KeyTypeError, SchemaError
 from ._plan_time import check_event_time as _check_event_time
+
+if TYPE_CHECKING:
+    from .planner import Plan
 
 
 def _check_columns(plan: Plan) -> None:
@@ -66,7 +71,7 @@ PACED_BATCHES = 16
 MIN_PACED_BATCH = 256
 
 
-def pace_batches(plan: "Plan", window: float, given: bool = False) -> None:
+def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
     """Smaller batches for the open-loop sources of ``plan``, so that a load window of
     ``window`` seconds holds about PACED_BATCHES of each source instance's batches.
 

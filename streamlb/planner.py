@@ -52,7 +52,8 @@ class Stage:
 
     id: int
     name: str
-    kind: str                   # parquet_source, iterable_source, aggregate, stateful_map, window, join, process, rebalance
+    kind: str                   # parquet_source, iterable_source, or aggregate, stateful_map, window, join,
+    #                             process, rebalance
     parallelism: int = 1
     upstream: int | None = None     # the first input (the only one, but for union and join)
     exchange: str = ""          # how records arrive: keyed or round_robin
