@@ -113,17 +113,17 @@ class process(_Described):
 
     ``func(key, rows, ctx)`` is called with each batch's rows of a key (a DataFrame);
     ``on_timer(key, time, ctx)`` when the watermark passes a time the key asked for with
-    ``ctx.timer(time)``. Both may return a DataFrame of output rows (the key column is added
-    when missing) or None. ``ctx.state`` is the key's state (None at first; assign to it;
+    ``ctx.timer(time)``. Both may return a DataFrame of output rows, a dict (one row) or
+    None; the key column is added when missing. ``ctx.state`` is the key's state (None at first; assign to it;
     it must be picklable), ``ctx.watermark`` the operator's watermark, ``ctx.cancel(time)``
     drops a timer. State and timers live in key groups: they move, split-free, with them.
 
     Parameters
     ----------
     func : callable
-        ``func(key, rows: DataFrame, ctx) -> DataFrame | None``.
+        ``func(key, rows: DataFrame, ctx) -> DataFrame | dict | None``.
     on_timer : callable, optional
-        ``on_timer(key, time: Timestamp, ctx) -> DataFrame | None``.
+        ``on_timer(key, time: Timestamp, ctx) -> DataFrame | dict | None``.
     parallelism : int, optional
         Instances.
     name : str, optional

@@ -65,19 +65,19 @@ def _bid_in_time(joined):
 
 def _highest(key, rows, ctx):
     """Per auction: the highest bid so far; the auction closes at its ``expires``."""
-    top = float(rows.price.max())
+    top = float(rows["price"].to_numpy().max())
     if ctx.state is None:
-        r = rows.iloc[0]
-        ctx.state = {"final": top, "category": int(r.category), "seller": int(r.seller), "expires": r.expires}
-        ctx.timer(r.expires)
+        expires = rows["expires"].iat[0]
+        ctx.state = {"final": top, "category": int(rows["category"].iat[0]), "seller": int(rows["seller"].iat[0]),
+                     "expires": expires}
+        ctx.timer(expires)
     else:
         ctx.state["final"] = max(ctx.state["final"], top)
 
 
 def _close(key, when, ctx):
     st, ctx.state = ctx.state, None
-    return pd.DataFrame({"category": [st["category"]], "seller": [st["seller"]], "final": [st["final"]],
-                         "expires": [st["expires"]]})
+    return {"category": st["category"], "seller": st["seller"], "final": st["final"], "expires": st["expires"]}
 
 
 def closed_auctions(auction, bid):
@@ -120,7 +120,7 @@ def _seller_avg(key, when, ctx):
     st["waiting"] = [w for w in st["waiting"] if w[0] > when]
     st["last"] = (st["last"] + [w[2] for w in due])[-10:]
     ctx.state = st
-    return pd.DataFrame({"avg_price": [float(np.mean(st["last"]))]})
+    return {"avg_price": float(np.mean(st["last"]))}
 
 
 def q6(person, auction, bid):
