@@ -36,7 +36,7 @@ def _side(op, kb, window) -> int:
     return 0 if kb is (window.upstreams[0] if window is not None else op.upstreams[0]) else 1
 
 
-def joined(p, kb, op, stage, window=None):
+def joined(p, kb, op, stage):
     """The exchange from ``stage`` into join ``op`` (a window join when its left input is a
     window, whichever side the planner reaches it from first)."""
     from ._nodes_time import window as window_node

@@ -402,7 +402,7 @@ class _Planner:
             raise PipelineError(
                 f"window({win.kind}) after key_by({kb.key_name!r}) must be followed by .aggregate(spec), "
                 f".apply(func) or .join(other); it is followed by {', '.join(map(str, downs)) or 'nothing'}")
-        return [_plan_join.joined(self, kb, op, stage, window=win) if isinstance(op, _nj.join)
+        return [_plan_join.joined(self, kb, op, stage) if isinstance(op, _nj.join)
                 else self.keyed_operator(kb, op, stage, window=win) for op in downs]
 
     def keyed_operator(self, kb: nodes.key_by, op, stage: Stage, window=None) -> Step:
