@@ -1,4 +1,5 @@
-"""Command line: ``streamlb prepare zipf|nexmark ...``, ``streamlb demo`` and ``streamlb simulate``."""
+"""Command line: ``streamlb prepare zipf|nexmark ...``, ``streamlb demo``, ``streamlb simulate`` and
+``streamlb nexmark QUERY`` (in ``_cli_nexmark``)."""
 from __future__ import annotations
 
 import argparse
@@ -59,13 +60,27 @@ def _exact(state, truth) -> bool:
             and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
 
 
-def _demo(args) -> int:
+def _latencies(ops) -> dict:
+    """p50, p99 and max latency (ms) of the records applied in the metrics rows ``ops``:
+    the percentiles are of every record, from the windows' histograms added up (not a
+    percentile of per-window percentiles); NaN where none was applied."""
     import numpy as np
+
+    from . import latency
+
+    hists = ops.latency_hist.to_list()
+    total = np.sum(np.stack(hists), axis=0) if hists else np.zeros(latency.BINS, np.int64)
+    top = float(ops.latency_max_ms.max()) if len(ops) else float("nan")
+    # a percentile is interpolated within its histogram bin: never above the largest latency seen
+    return {"p50": min(latency.quantile(total, 0.5), top), "p99": min(latency.quantile(total, 0.99), top),
+            "max": top}
+
+
+def _demo(args) -> int:
     import pandas as pd
     from streamz import Stream
 
     import streamlb
-    from streamlb import latency
     from ._placement import cluster_workers
 
     if args.rescale:
@@ -90,15 +105,14 @@ def _demo(args) -> int:
         same = _exact(state, truth)
         ok &= same
         ops = m[m.operator == "totals"]
+        lat = _latencies(ops)
         per_window = ops.pivot_table(index="window_start", columns="instance", values="records", aggfunc="sum")
         full = imbalance[imbalance["records"] > 0.5 * imbalance["records"].median()]
         results[balancer] = {
             "imbalance (median)": full["applied"].median(), "imbalance (p90)": full["applied"].quantile(0.9),
             "routed imbalance (median)": full["routed"].median(),
             "throughput (M rec/s)": summary["records_per_second"] / 1e6,
-            # of every record applied: the summed histograms, not a percentile of per-window p99s
-            "p99 latency (ms)": latency.quantile(np.sum(np.stack(ops.latency_hist.to_numpy()), axis=0), 0.99),
-            "max latency (ms)": ops.latency_max_ms.max(),
+            "p99 latency (ms)": lat["p99"], "max latency (ms)": lat["max"],
             "moves (epochs)": len(moves),
             "key groups moved": sum(len(mv["key_groups"]) for mv in moves),
             "state exact": "yes" if same else "NO",
@@ -363,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--plot", default="streamlb-data/simulate.png")
     sm.set_defaults(func=_simulate)
+
+    from ._cli_nexmark import add_parser as add_nexmark
+
+    add_nexmark(sub)
 
     args = p.parse_args(argv)
     if args.command == "simulate" and not args.trace and args.instances is None:
