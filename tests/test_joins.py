@@ -221,7 +221,7 @@ def _swap_half(job, name="j") -> dict:
     return {g: (i + 1) % n for i in range(n) for g in table.key_groups_of(i)[::2]}
 
 
-@pytest.mark.parametrize("strategy", ["all-at-once", "fluid", "lazy", "pause", "batched"])
+@pytest.mark.parametrize("strategy", ["all-at-once", "fluid", "lazy", "pause"])
 def test_a_join_is_exact_across_live_migrations(two_workers, tables, strategy):
     """Both sides' rows of a key group move together: the outer join's pairs and its
     unmatched rows come out exactly once whichever way the groups move."""

@@ -175,9 +175,9 @@ class JoinState(StateStore):
         return pd.merge(left, right, how="left" if side == 0 else "right", left_on=lk, right_on=rk,
                         suffixes=self.suffixes, sort=False)
 
-    def _matches(self, c: _Chunk, h, keys, times, side: int):
-        """Pairs (row of the batch, row of chunk ``c`` of the other side) with equal keys
-        and, in an interval join, event times in the interval."""
+    @staticmethod
+    def _equal(c: _Chunk, h, keys):
+        """Pairs (i, j): key ``i`` of ``keys`` (hashes ``h``) equals row ``j``'s of chunk ``c``."""
         lo = np.searchsorted(c.h, h, "left")
         n = np.searchsorted(c.h, h, "right") - lo
         total = int(n.sum())
@@ -187,7 +187,14 @@ class JoinState(StateStore):
         starts = np.cumsum(n) - n
         j = lo[i] + (np.arange(total) - starts[i])
         ok = c.keys[j] == keys[i]
-        if self.between is not None:
+        return i[ok], j[ok]
+
+    def _matches(self, c: _Chunk, h, keys, times, side: int):
+        """Pairs (row of the batch, row of chunk ``c`` of the other side) with equal keys
+        and, in an interval join, event times in the interval."""
+        i, j = self._equal(c, h, keys)
+        ok = np.ones(len(i), bool)
+        if self.between is not None and len(i):
             lower, upper = self.between
             lt, rt = (times[i], c.t[j]) if side == 0 else (c.t[j], times[i])
             ok &= (lt + lower <= rt) & (rt <= lt + upper)
@@ -302,11 +309,12 @@ class JoinState(StateStore):
         keys = np.asarray(keys)
         if not len(keys):
             return {"states": {}, "key_groups": np.zeros(0, np.int64)}
-        h = np.unique(stable_hash(keys, name=self.key_name))
-        wanted = pd.Index(keys.tolist())
+        h = stable_hash(keys, name=self.key_name)
 
-        def pick(c):
-            return np.isin(c.h, h) & pd.Index(c.keys).isin(wanted)
+        def pick(c):            # the rows whose key is one of ``keys``: by hash, then exactly
+            mask = np.zeros(len(c), bool)
+            mask[self._equal(c, h, keys)[1]] = True
+            return mask
         blob = self._split(pick)
         self._remove(pick)
         self.mark_dirty(blob["key_groups"])
@@ -329,8 +337,13 @@ class JoinState(StateStore):
 
     def contains(self, keys, groups=None) -> np.ndarray:
         keys = np.asarray(keys)
-        held = pd.Index([k for side in self.sides for c in side for k in c.keys.tolist()])
-        return pd.Index(keys.tolist()).isin(held) if len(held) else np.zeros(len(keys), bool)
+        out = np.zeros(len(keys), bool)
+        if len(keys):
+            h = stable_hash(keys, name=self.key_name)
+            for side in self.sides:
+                for c in side:
+                    out[self._equal(c, h, keys)[0]] = True
+        return out
 
     def keys_per_group(self, groups) -> np.ndarray:
         """Rows held (both sides) of each key group of ``groups``."""
