@@ -58,7 +58,7 @@ class Lifecycle:
     def __init__(self, job) -> None:
         self.job = job
         self.closed = False
-        self.pending: dict = {}         # instance -> a poll that did not answer in time
+        self.pending: dict = {}         # instance -> (its actor, a poll that did not answer in time)
 
     def deploy(self, workers: list[str], restored: tuple[dict, str] | None, fresh_clock: bool,
                run: int = 0) -> None:
@@ -108,25 +108,29 @@ class Lifecycle:
         job = self.job
         futs = []
         for k, a in list(job.actors.items()):      # a rescale may change them
-            if k in self.pending:       # an answer that came too late last time: it holds outputs
-                futs.append((k, self.pending.pop(k)))
-                continue
+            late_actor, late_answer = self.pending.pop(k, (None, None))
+            if late_actor is a:         # an answer that came too late last time: it holds outputs
+                futs.append((k, late_answer, True))
+                continue                # (a replacement's actor is asked afresh)
             try:
-                futs.append((k, a.poll()))
+                futs.append((k, a.poll(), False))
             except Exception as exc:    # Dask already knows the actor's worker is gone
                 self._unreachable(k, exc)
         out, late, failure = [], False, None
         deadline = None if timeout is None else time.time() + timeout
-        for k, f in futs:
+        for k, f, again in futs:
             try:
                 r = f.result(timeout=None if deadline is None else max(deadline - time.time(), 0.01))
             except TimeoutError:
                 # the others' answers are still taken: they hold outputs; so does this one,
                 # which the instance gave away when it answered: the next poll takes it
-                self.pending[k] = f
+                self.pending[k] = (job.actors.get(k), f)
                 late = True
                 continue
             except Exception as exc:
+                if again:               # a late answer that never came: ask afresh next time
+                    late = True
+                    continue
                 failure = failure or (k, exc)
                 continue
             r["key"] = k
