@@ -16,7 +16,7 @@ import pandas as pd
 from .._time import MIN_TIME, UNITS
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
-from ._stateful_map import _key_array
+from ._keydict import KeyDict
 
 
 class Context:
@@ -54,7 +54,7 @@ class Context:
         self._entry[1].discard(self._store.to_ns(time))
 
 
-class ProcessState(StateStore):
+class ProcessState(KeyDict, StateStore):
     def __init__(self, operator: str, funcs, key_name: str, key_groups: int, clock: dict) -> None:
         self.operator, self.key_name, self.groups = operator, key_name, key_groups
         self.func, self.on_timer = (getattr(f, "func", f) if f is not None else None for f in funcs)
@@ -163,18 +163,6 @@ class ProcessState(StateStore):
             self.by_group.setdefault(g, set()).add(k)
             for t in timers:
                 heapq.heappush(self.heap, (t, next(self.seq), k))
-
-    def contains(self, keys, groups=None) -> np.ndarray:
-        return np.fromiter((k in self.keys for k in np.asarray(keys).tolist()), bool, len(keys))
-
-    def keys_per_group(self, groups) -> np.ndarray:
-        return np.array([len(self.by_group.get(int(g), ())) for g in groups], np.int64)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def key_kind(self) -> str | None:
-        return _key_array([next(iter(self.keys))]).dtype.kind if self.keys else None
 
     def frame(self, touched=None) -> pd.DataFrame:
         """Each key's state and pending timers."""

@@ -29,6 +29,7 @@ import pandas as pd
 from .._time import MAX_TIME, MIN_TIME, from_ns
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
+from ._keydict import KeyDict
 from ._stateful_map import _key_array
 from ._window_payload import Accumulators, Rows
 from ._window_sessions import Sessions
@@ -45,7 +46,7 @@ def _floordiv(t: np.ndarray, step: int) -> np.ndarray:
     return (t // step) * step
 
 
-class WindowState(Sessions, StateStore):
+class WindowState(Sessions, KeyDict, StateStore):
     """Open windows of one window operator instance.
 
     ``window``: the stage's window (kind, size, slide, gap, lateness in nanoseconds, mode
@@ -423,18 +424,6 @@ class WindowState(Sessions, StateStore):
             else:
                 mine[p] = pay
                 self._schedule_pane(key, g, p, fired)
-
-    def contains(self, keys, groups=None) -> np.ndarray:
-        return np.fromiter((k in self.keys for k in np.asarray(keys).tolist()), bool, len(keys))
-
-    def keys_per_group(self, groups) -> np.ndarray:
-        return np.array([len(self.by_group.get(int(g), ())) for g in groups], np.int64)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def key_kind(self) -> str | None:
-        return _key_array([next(iter(self.keys))]).dtype.kind if self.keys else None
 
     def frame(self, touched=None) -> pd.DataFrame:
         """The windows still open (not fired), in the operator's output columns; for
