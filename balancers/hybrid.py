@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from streamlb.balancer import LoadReport, Split, group_moves
+from streamlb.balancer import LoadReport, Split, apply_plan, group_moves, splits_after
 
 from .autoflow import AutoFlowBalancer
 
@@ -67,15 +67,25 @@ class HybridBalancer(AutoFlowBalancer):
         self.merge_below = merge_below
 
     def plan(self, report: LoadReport) -> list:
+        plan = self._plan(report, grow=True)
+        if report.splittable and any(s.helpers for s in plan if isinstance(s, Split)):
+            # a split never raises the hottest instance: where sharing a key out would (a
+            # key as heavy as the mean on an instance that is not hot), plan without it
+            after = report.instance_load(apply_plan(report.owners, plan), splits_after(report, plan))
+            if after.max() > report.instance_load().max() * (1 + 1e-9):
+                plan = self._plan(report, grow=False)
+        return plan
+
+    def _plan(self, report: LoadReport, grow: bool) -> list:
         n = report.instances
         total = float(report.group_load.sum())
         current = dict(report.splits)
-        if n < 2 or total <= 0:
-            return [Split(k) for k in current]
         mean = total / n
+        if n < 2 or not mean * self.piece > 0:      # no load (or too little for a float)
+            return [Split(k) for k in current]
         owners = report.owners.copy()
         hot = {k: (g, w) for k, g, w in report.hot_keys}
-        ways = self._ways(report, hot, current, mean) if report.splittable else {k: 1 for k in current}
+        ways = self._ways(report, hot, current, mean, grow) if report.splittable else {k: 1 for k in current}
         # what each group weighs on its owner once its split keys are shared out
         gl = report.group_load.astype(np.float64).copy()
         pinned = np.zeros(len(owners), bool)
@@ -112,15 +122,16 @@ class HybridBalancer(AutoFlowBalancer):
         splits = [Split(k, hs) for k, hs in helpers.items() if tuple(current.get(k, ())) != hs]
         return merges + splits + group_moves(report.owners, owners)
 
-    def _ways(self, report: LoadReport, hot: dict, current: dict, mean: float) -> dict:
-        """Instances each hot or split key is spread over (1: not split)."""
+    def _ways(self, report: LoadReport, hot: dict, current: dict, mean: float, grow: bool) -> dict:
+        """Instances each hot or split key is spread over (1: not split; with ``grow``
+        false, no key gets more than it has)."""
         ways = {}
         for k, (g, w) in hot.items():
             now = 1 + len(current.get(k, ()))
             want = min(report.instances, max(1, math.ceil(w / (self.piece * mean))))
             if k in current:
-                ways[k] = 1 if w < self.merge_below * mean else max(now, want)
-            elif w > self.split_at * mean:
+                ways[k] = 1 if w < self.merge_below * mean else (max(now, want) if grow else now)
+            elif grow and w > self.split_at * mean:
                 ways[k] = want
         for k in current:
             ways.setdefault(k, 1)        # no longer among the hot keys: cooled down
