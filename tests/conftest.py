@@ -16,6 +16,8 @@ import pytest
 
 warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
 
+pytest_plugins = ["conftest_kafka"]      # the Kafka tests' broker (a noida-db process per session)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 THIRD_PARTY = os.path.join(HERE, "..", "examples", "third_party_balancer")
 

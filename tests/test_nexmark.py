@@ -73,9 +73,7 @@ def run_live(client, path, query, during=None, **run_kw):
     return result(query, out), job
 
 
-# q5 is left out: one extra row now and then under autoflow's fluid moves (the open bug of
-# multi-epoch moves noted in docs/joins.md, "Known issue")
-@pytest.mark.parametrize("query", ["q3", "q8"])
+@pytest.mark.parametrize("query", ["q3", "q5", "q8"])
 def test_queries_exact_while_autoflow_balances(two_workers, nexmark_path, truths, query):
     got, job = run_live(two_workers, nexmark_path, query, balancer="autoflow", window=0.2)
     moves = [h for h in job.history if "kind" not in h]
@@ -91,8 +89,8 @@ def test_queries_exact_across_live_rescales_of_their_join_and_window_operators(t
     def rescale(job):
         for n in (4, 3):
             time.sleep(0.6)
-            for op in operators:        # all-at-once: see docs/joins.md, "Known issue"
-                job.rescale(op, n, strategy="all-at-once")
+            for op in operators:        # the default strategy, lazy
+                job.rescale(op, n)
         assert all(job.parallelism(op) == 3 for op in operators)
 
     got, job = run_live(two_workers, nexmark_path, query, during=rescale, balancer="static")

@@ -6,7 +6,8 @@ rebuilt per batch); small chunks are merged once there are more than :data:`MAX_
 Rows leave when the watermark makes a new match impossible (interval joins: a left row
 once ``time + upper`` is behind it, a right row once ``time - lower`` is; regular joins
 with ``ttl``: once ``time + ttl`` is), and for ``left``, ``right`` and ``outer`` joins those
-never matched are emitted then, with nulls for the other side.
+never matched are emitted then, with nulls for the other side. Rows of key groups held
+while they move stay until the move is done here.
 
 Blobs hold, per key group, the rows of both sides (``{"states": {Part(g): (left, right)},
 "key_groups": ...}``: pickled per key group in checkpoints, as window state is per key).
@@ -213,6 +214,12 @@ class JoinState(StateStore):
         join, ``(side, rows)`` of those dropped that never matched."""
         self.watermark = max(self.watermark, watermark)
         self._thaw()
+        # a group moving here or away drops nothing until the move is done here: a new owner
+        # may still hold rows back that match the rows it installed
+        moving = np.zeros(self.groups, bool)
+        if self.watermark < MAX_TIME:
+            for gs in self.holds.values():
+                moving[gs] = True
         out = []
         for side in (0, 1):
             limit = self._limit(side)
@@ -223,6 +230,7 @@ class JoinState(StateStore):
             held = bool((self.frozen < MAX_TIME).any())
             for c in self.sides[side]:
                 drop = c.t < (limit if not held else self._limit(side, self._marks(c.g)))
+                drop &= ~moving[c.g]
                 if not drop.any():
                     kept.append(c)
                     continue

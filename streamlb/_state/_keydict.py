@@ -1,5 +1,6 @@
 """What a store that keeps one Python entry per key (``keys``: key -> entry, ``by_group``:
-key group -> its keys) answers alike: window state and ``process`` state."""
+key group -> its keys) answers alike, and how it holds moving key groups: window state and
+``process`` state."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,28 @@ from ._stateful_map import _key_array
 class KeyDict:
     keys: dict
     by_group: dict
+    holds: dict         # migration epoch -> the key groups it moves (out or in) here
+    held: np.ndarray    # key group -> held by any epoch
+
+    def _no_holds(self, key_groups: int) -> None:
+        self.holds, self.held = {}, np.zeros(key_groups, bool)
+
+    def hold(self, epoch: int, groups) -> None:
+        """``groups`` move in ``epoch``: nothing of them fires (windows, timers) until
+        :meth:`unhold`; a new owner may not have all of their state and rows yet."""
+        groups = np.asarray(list(groups), np.int64)
+        if len(groups):
+            self.holds[epoch] = groups
+            self.held[groups] = True
+
+    def unhold(self, epoch: int) -> bool:
+        """The move of ``epoch`` is done (or aborted) here; True if it held groups."""
+        if self.holds.pop(epoch, None) is None:
+            return False
+        self.held[:] = False
+        for gs in self.holds.values():
+            self.held[gs] = True
+        return True
 
     def contains(self, keys, groups=None) -> np.ndarray:
         return np.fromiter((k in self.keys for k in np.asarray(keys).tolist()), bool, len(keys))

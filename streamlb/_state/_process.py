@@ -2,7 +2,8 @@
 
 A key's entry is ``[state, timers]`` (``timers``: a set of int64 ns); a key with neither
 is dropped. Due timers are found with a heap of ``(time, seq, key)`` whose stale entries
-(a timer cancelled, or its key moved away) are skipped. Blobs are ``{"states": {key:
+(a timer cancelled, or its key moved away) are skipped; timers of key groups held while
+they move wait until the move is done here. Blobs are ``{"states": {key:
 [state, sorted timers]}, "key_groups": ...}``, pickled per key in checkpoints.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from .._time import MIN_TIME, UNITS
+from .._time import MAX_TIME, MIN_TIME, UNITS
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._keydict import KeyDict
@@ -65,6 +66,7 @@ class ProcessState(KeyDict, StateStore):
         self.heap: list = []
         self.seq = itertools.count()
         self.watermark = MIN_TIME
+        self._no_holds(key_groups)
 
     def to_ns(self, time) -> int:
         if self.unit is None:
@@ -100,13 +102,20 @@ class ProcessState(KeyDict, StateStore):
         """``(time, key)`` of each timer the watermark passed (time < watermark), in time order,
         each removed from its key."""
         self.watermark = max(self.watermark, watermark)
-        out = []
+        held = self.held.any() and self.watermark < MAX_TIME
+        out, later = [], []
         while self.heap and self.heap[0][0] < self.watermark:
-            t, _, key = heapq.heappop(self.heap)
+            item = heapq.heappop(self.heap)
+            t, _, key = item
             entry = self.keys.get(key)
             if entry is not None and t in entry[1]:
+                if held and self.held[self.group_of[key]]:
+                    later.append(item)          # its group is moving: after the move
+                    continue
                 entry[1].discard(t)
                 out.append((t, key))
+        for item in later:
+            heapq.heappush(self.heap, item)
         return out
 
     def update(self, frame: pd.DataFrame, groups=None):

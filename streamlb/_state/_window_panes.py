@@ -93,7 +93,7 @@ class PaneWindowState(WindowState):
         while self._ends and self._ends[0] <= self.watermark:
             end = heapq.heappop(self._ends)
             done = self.fired[end]
-            ready = ~done & (self.fired_to >= end)
+            ready = ~done & (self.fired_to >= end) & ~self.held     # moving groups wait (see _pop)
             if ready.any():
                 frame = self._window(end - self.size, end, None if ready.all() else ready)
                 if frame is not None:
@@ -187,6 +187,8 @@ class PaneWindowState(WindowState):
         return out
 
     def _expire_panes(self) -> None:
+        if self.held.any():
+            return      # a moving group's windows wait to fire (see advance): so do their panes
         low = int(self.fired_to.min())
         for p in [p for p in self.panes if (p // self.slide) * self.slide + self.size + self.lateness <= low]:
             del self.panes[p]

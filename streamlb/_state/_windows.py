@@ -67,8 +67,7 @@ class WindowState(Sessions, KeyDict, StateStore):
         self.by_group: dict[int, set] = {}
         self.fired_to = np.full(key_groups, MIN_TIME, np.int64)
         self.watermark = MIN_TIME
-        self.holds: dict[int, np.ndarray] = {}
-        self.held = np.zeros(key_groups, bool)
+        self._no_holds(key_groups)          # moving groups: KeyDict.hold (fired_to stops for them)
         self._due: list = []                 # (window end, n, key): windows to fire
         self._expire: list = []              # (time, n, key): panes or sessions to drop
         self._n = itertools.count()
@@ -78,19 +77,11 @@ class WindowState(Sessions, KeyDict, StateStore):
         self.wants_fire = False
 
     # -- holding key groups while they move ----------------------------------------------------
-    def hold(self, epoch: int, groups) -> None:
-        """Stop firing ``groups`` (moving in ``epoch``) past where they are now."""
-        groups = np.asarray(list(groups), np.int64)
-        if len(groups):
-            self.holds[epoch] = groups
-            self.held[groups] = True
-
-    def unhold(self, epoch: int) -> None:
-        if self.holds.pop(epoch, None) is not None:
-            self.held[:] = False
-            for gs in self.holds.values():
-                self.held[gs] = True
-            self.wants_fire = True
+    def unhold(self, epoch: int) -> bool:
+        if not super().unhold(epoch):
+            return False
+        self.wants_fire = True
+        return True
 
     # -- data ---------------------------------------------------------------------------------
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None, times: np.ndarray | None = None):
@@ -265,7 +256,9 @@ class WindowState(Sessions, KeyDict, StateStore):
             g = self.group_of.get(key)
             if g is None:
                 continue            # the key moved away or expired
-            if t > self.fired_to[g]:
+            if t > self.fired_to[g] or self.held[g]:
+                # not due by its group's watermark, or its group is moving: a new owner fires
+                # (and drops) nothing of a group until all of its state and held rows are in
                 later.append((t, n, key))
                 continue
             yield t, key

@@ -260,7 +260,10 @@ class KeyedRouter(_Exchange):
         pf = self.prefetch
         if pf is not None:
             for src, to, k, g, request in pf.requests(keys, groups, dest):
-                self.spawn(self.chans[src].peer.call("fetch_keys", pf.epoch, to, k, g, self.index, request))
+                # the owners know this router by its sender id there (input slot and index),
+                # as its batches' ``need`` is judged: two inputs' routers must not share one
+                ch = self.chans[src]
+                self.spawn(ch.peer.call("fetch_keys", pf.epoch, to, k, g, ch.sender, request))
         if self.counts is not None:
             # the balancer's load per key group is counted here, where groups are known, and
             # the records sent to each instance by the table in force for each batch

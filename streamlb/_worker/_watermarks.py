@@ -188,16 +188,18 @@ class Watermarks:
             await self._advance(MIN_TIME, self.idle, time.time())
 
     # -- both -----------------------------------------------------------------------------------
-    async def _advance(self, wm: int, idle: bool, made_at: float) -> None:
+    async def _advance(self, wm: int, idle: bool, made_at: float, refire: bool = False) -> None:
+        """``refire``: give the operator the watermark again even if it did not rise (a
+        store that held moving groups back fires them by it now)."""
         async with self.lock:
             if wm > self.own:
                 self.own = wm
                 if self._gated():
                     self._tell_peers()
             eff = self._effective()
-            if eff > self.current:
-                self.current = eff
-                await self.inst.op.on_watermark(eff, made_at)
+            if eff > self.current or (refire and self.current > MIN_TIME):
+                self.current = max(eff, self.current)
+                await self.inst.op.on_watermark(self.current, made_at)
             self.idle = idle
             fwd = self._forwarded()
             state = (fwd, idle)
@@ -218,7 +220,9 @@ class Watermarks:
 
     async def thaw(self, epoch: int) -> None:
         if self.frozen.pop(epoch, None) is not None:
-            await self._advance(MIN_TIME, self.idle, time.time())
+            # the moved groups go by the watermark again: what they fire now (windows,
+            # timers, join rows past any match) goes out before the watermark passes it
+            await self._advance(MIN_TIME, self.idle, time.time(), refire=True)
 
     def _forwarded(self) -> int:
         if not self.frozen:
