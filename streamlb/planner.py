@@ -18,17 +18,21 @@ from . import _plan_join
 from ._plan_checks import MIN_PACED_BATCH, PACED_BATCHES, _check_columns, _project, pace_batches  # noqa: F401
 from ._plan_time import event_time as _event_time
 from . import nodes
+from . import _nodes_kafka
 from .exceptions import InputPathError, PipelineError, SchemaError
 from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
-SUPPORTED = ("from_parquet, from_iterable, with_watermark, key_by, aggregate, stateful_map, window, apply, join, "
+SUPPORTED = ("from_parquet, from_iterable, from_kafka_topic, with_watermark, key_by, aggregate, stateful_map, window, apply, join, "
              "process, union, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
 KEYED_KINDS = ("aggregate", "stateful_map", "window", "join", "process")     # stage kinds that hold keyed state
 #: A sender's id at a stage with several inputs: ``slot * SENDERS + instance index`` (slot 0,
 #: the only one of most stages, keeps the instance index).
 SENDERS = 1 << 16
+#: Source nodes planned by their own module: node type -> ``plan(planner, node) -> Stage``
+#: (a new source registers here; its reader goes in ``streamlb._sources.READERS``).
+SOURCES: dict = {_nodes_kafka.from_kafka_topic: _nodes_kafka.plan}
 
 
 @dataclass
@@ -84,6 +88,7 @@ class Stage:
     keys: list = field(default_factory=list)        # join: key of each side
     join: dict | None = None                        # join: how, between, ttl, suffixes, where, columns
     process: dict | None = None                     # process: column, unit (its timers' event time)
+    source: dict | None = None                      # a source planned by its own module: its options
 
     def __post_init__(self) -> None:
         if self.upstream is not None and not self.inputs:
@@ -283,10 +288,12 @@ class _Planner:
                 parallelism=1, items=items, batch_size=self.batch_size,
                 total_rows=sum(len(x) if isinstance(x, pd.DataFrame) else 1 for x in items),
             )
+        elif type(n) in SOURCES:            # a source planned by its own module
+            st = SOURCES[type(n)](self, n)
         else:
             raise PipelineError(
                 f"node {n} has no upstream but is not a streamlb source; sources are "
-                "Stream.from_parquet(...) and Stream.from_iterable(...)"
+                "Stream.from_parquet(...), Stream.from_iterable(...) and Stream.from_kafka_topic(...)"
             )
         st.children = self.children(n, st)
 

@@ -161,17 +161,6 @@ def test_data_kept_across_a_restart(kafka):
     assert kafka.read_all(t)[250] == (0, 250, None, b"after")
 
 
-def test_writes_a_second_old_survive_a_crash(kafka):
-    """noida-db writes its data out about once a second: what was acknowledged less than
-    a second before a SIGKILL may be lost (a crash test waits before the crash)."""
-    t = kafka.create_topic(topic_name(), 2)
-    kafka.produce(t, [f"v{i}" for i in range(100)], partition=[i % 2 for i in range(100)])
-    time.sleep(1.5)
-    kafka.kill()
-    kafka.restart()
-    assert len(kafka.read_all(t)) == 100
-
-
 def transactions(kafka, topic: str, same_producer: bool) -> None:
     """a0 a1 a2 committed (marker 3), x0 x1 aborted (marker 6), b0 b1 b2 committed (7-9, marker 10)."""
     producers = [kafka.producer(**{"transactional.id": topic_name("tx")}) for _ in range(1 if same_producer else 3)]

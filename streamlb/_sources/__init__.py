@@ -1,8 +1,9 @@
 """Sources behind one seam: a reader for each kind of source stage.
 
 ``_base`` holds the seam (:class:`Split`, :class:`SplitReader`); every other module holds
-one source: ``_parquet`` (``Stream.from_parquet``, a split per file) and ``_iterable``
-(``Stream.from_iterable``, its items one split). A new source is one new module with a
+one source: ``_parquet`` (``Stream.from_parquet``, a split per file), ``_iterable``
+(``Stream.from_iterable``, its items one split) and ``_kafka`` (``Stream.from_kafka_topic``,
+a split per partition). A new source is one new module with a
 ``SplitReader`` and its entry in :data:`READERS`, under the kind of stage the planner
 makes for it. Pacing, event-time replay, checkpoint barriers, what was emitted and the
 watermark input are the runtime's, the same for every source
@@ -14,17 +15,25 @@ from ._base import Split, SplitBatch, SplitReader, event_times
 from ._iterable import IterableReader
 from ._parquet import ParquetReader
 
+
+def _kafka(stage, index):
+    from ._kafka import KafkaReader       # imports confluent_kafka: only for a Kafka source
+
+    return KafkaReader(stage, index)
+
+
 # kind of source stage -> its reader
-READERS: dict[str, type[SplitReader]] = {"parquet_source": ParquetReader, "iterable_source": IterableReader}
+READERS: dict[str, type[SplitReader]] = {"parquet_source": ParquetReader, "iterable_source": IterableReader,
+                                         "kafka_source": _kafka}
 
 
 def open_reader(stage, index: int) -> SplitReader:
     """The reader of ``stage``'s instance ``index`` (no split opened yet).
 
     >>> from types import SimpleNamespace
-    >>> open_reader(SimpleNamespace(kind="kafka_source"), 0)
+    >>> open_reader(SimpleNamespace(kind="kinesis_source"), 0)
     Traceback (most recent call last):
-    ValueError: no reader for source kind 'kafka_source'; kinds: parquet_source, iterable_source
+    ValueError: no reader for source kind 'kinesis_source'; kinds: parquet_source, iterable_source, kafka_source
     """
     cls = READERS.get(stage.kind)
     if cls is None:

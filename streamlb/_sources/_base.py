@@ -53,7 +53,17 @@ class SplitReader(ABC):
     :meth:`seek`, :meth:`poll` (the next batch of the split that should go next),
     :meth:`fetch` (the next batch of a given split), :meth:`snapshot` and :meth:`idle`.
     Positions count rows unless a reader overrides :meth:`advance`.
+
+    A source that waits for data (``live = True``: Kafka, a watched directory) hands out an
+    empty batch from :meth:`poll` when none of its open splits has rows now, and None only
+    once every split ended; its splits may go idle (the watermark leaves them out). Hooks a
+    source may implement: :meth:`new_splits` (splits found while running), :meth:`commit`
+    (a checkpoint completed at these positions), :meth:`close`, and :attr:`dead_letters`
+    (``(record, reason)`` of records it could not decode, drained by the runtime).
     """
+
+    #: the source waits for data that is not there yet (its splits may go idle)
+    live = False
 
     def __init__(self, stage, index: int) -> None:
         self.stage, self.index = stage, index
@@ -61,6 +71,7 @@ class SplitReader(ABC):
         self._read: dict[str, Any] = {}         # split -> position after the batches handed out
         self._ahead: dict[str, pd.DataFrame] = {}   # split -> its next batch, read ahead by poll
         self._ended: set[str] = set()           # splits read to their end
+        self.dead_letters: list[tuple[dict, str]] = []
 
     # -- what a source implements -----------------------------------------------------------
     @abstractmethod
@@ -85,9 +96,21 @@ class SplitReader(ABC):
         """The next batch of split ``split_id`` from the source itself; None at its end."""
 
     # -- shared -------------------------------------------------------------------------------
-    def advance(self, position: Any, rows: int) -> Any:
-        """The position after ``rows`` more rows of a split read from ``position``."""
+    def advance(self, position: Any, rows: int, frame: pd.DataFrame | None = None) -> Any:
+        """The position after the first ``rows`` rows of ``frame``, a batch of a split read
+        from ``position`` (rows count here; a source whose positions are not row counts,
+        such as Kafka offsets, reads them off ``frame``)."""
         return position + rows
+
+    def new_splits(self) -> list[Split]:
+        """Splits of this instance that appeared since it opened its splits (none here)."""
+        return []
+
+    def commit(self, positions: dict[str, Any]) -> None:
+        """A checkpoint of this instance at ``positions`` (split -> position) completed."""
+
+    def close(self) -> None:
+        """The stream ended or stopped here: let go of what the reader holds."""
 
     def progress(self, split_id: str) -> float:
         """How far split ``split_id`` is read, to compare splits by: :meth:`poll` reads the
@@ -127,7 +150,7 @@ class SplitReader(ABC):
         if frame is None:
             self._ended.add(split_id)
             return None
-        self._read[split_id] = self.advance(self._read[split_id], len(frame))
+        self._read[split_id] = self.advance(self._read[split_id], len(frame), frame)
         return frame
 
     def poll(self) -> SplitBatch | None:
@@ -151,7 +174,7 @@ class SplitReader(ABC):
         else:
             s = min(self._ahead, key=lambda name: (self.progress(name), name))
         frame = self._ahead.pop(s)
-        self._read[s] = self.advance(self._read[s], len(frame))
+        self._read[s] = self.advance(self._read[s], len(frame), frame)
         return SplitBatch(s, frame)
 
     def snapshot(self) -> list[Split]:

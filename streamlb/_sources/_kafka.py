@@ -28,7 +28,6 @@ came.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -41,6 +40,7 @@ import pandas as pd
 
 from ..exceptions import PipelineError
 from ._base import Split, SplitBatch, SplitReader, event_second
+from ._kafka_decode import _decoded, _json_rows
 
 logger = logging.getLogger("streamlb.sources.kafka")
 
@@ -96,6 +96,10 @@ class KafkaOptions:
         Traceback (most recent call last):
         streamlb.exceptions.PipelineError: Kafka source of topic 't': offsets='newest'; valid: 'committed', ...
         """
+        if isinstance(getattr(stage, "source", None), dict):     # a planned stage: its source's options
+            from types import SimpleNamespace
+
+            stage = SimpleNamespace(**stage.source, batch_size=stage.batch_size, parallelism=stage.parallelism)
         topic = stage.topic
         where = f"Kafka source of topic {topic!r}"
         params = dict(getattr(stage, "consumer_params", None) or {})
@@ -143,6 +147,7 @@ class KafkaReader(SplitReader):
     out, and ``(record, reason)`` goes to :attr:`dead_letters` for the engine to drain.
     """
 
+    live = True
     #: s between two metadata look-ups of :meth:`new_splits`
     discovery_interval = 5.0
 
@@ -151,7 +156,6 @@ class KafkaReader(SplitReader):
 
         super().__init__(stage, index)
         self.opts = KafkaOptions.from_stage(stage)
-        self.dead_letters: list[tuple[dict, str]] = []
         conf = self.opts.consumer_config(index)
         if self.opts.group_given:
             conf["on_commit"] = self._on_commit
@@ -443,62 +447,3 @@ class KafkaReader(SplitReader):
         if not self._closed:
             self._closed = True
             self._consumer.close()
-
-
-def _json_rows(values: list) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
-    """JSON objects as rows, and ``(index, reason)`` of each value that is not one.
-
-    All values are parsed as one JSON array first; one by one only when that fails, or
-    does not give one object per value.
-
-    >>> frame, bad = _json_rows([b'{"a": 1}', b'{"a": 2, "b": "x"}', b'oops', b'[1]'])
-    >>> frame.to_dict("records"), [i for i, _ in bad]
-    ([{'a': 1, 'b': nan}, {'a': 2, 'b': 'x'}], [2, 3])
-    """
-    try:
-        rows = json.loads(b"[" + b",".join(values) + b"]")
-        if len(rows) == len(values) and all(type(r) is dict for r in rows):
-            return pd.DataFrame(rows), []
-    except (ValueError, TypeError):     # TypeError: a tombstone (None) among them
-        pass
-    rows, bad = [], []
-    for i, v in enumerate(values):
-        try:
-            row = json.loads(v) if v is not None else None
-        except ValueError as e:
-            bad.append((i, f"not JSON: {e}"))
-            continue
-        if type(row) is not dict:
-            bad.append((i, f"not a JSON object: {type(row).__name__}" if v is not None else "no value (tombstone)"))
-            continue
-        rows.append(row)
-    return pd.DataFrame(rows), bad
-
-
-def _decoded(decode: Callable, values: list) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
-    """``decode(values)``; if it raises, value by value, to find the ones it cannot take."""
-    name = getattr(decode, "__qualname__", repr(decode))
-    try:
-        return _checked(decode, name, values), []
-    except PipelineError:
-        raise
-    except Exception:
-        pass
-    frames, bad = [], []
-    for i, v in enumerate(values):
-        try:
-            frames.append(_checked(decode, name, [v]))
-        except PipelineError:
-            raise
-        except Exception as e:
-            bad.append((i, f"decode function {name} raised {type(e).__name__}: {e}"))
-    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), bad
-
-
-def _checked(decode: Callable, name: str, values: list) -> pd.DataFrame:
-    frame = decode(values)
-    if not isinstance(frame, pd.DataFrame) or len(frame) != len(values):
-        got = f"{len(frame)} rows" if isinstance(frame, pd.DataFrame) else type(frame).__name__
-        raise PipelineError(f"Kafka source decode function {name} must return a DataFrame of one row per "
-                            f"value: got {got} for {len(values)} values")
-    return frame

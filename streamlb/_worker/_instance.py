@@ -89,7 +89,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,
                                lazy_step=lazy_step, lazy_delay=lazy_delay, lazy_pace=lazy_pace)
         self._lazy_asked = lazy_asked
-        self.source = Source(stage, index, self._emit) if stage.is_source else None
+        self.source = Source(stage, index, self._emit, lambda rows, why: self.dead.add(stage.name, rows, why)) \
+            if stage.is_source else None
         self.exchanges: dict = {}
         self.slots: dict[int, int] = {}
         self.siblings: list[Peer] = []

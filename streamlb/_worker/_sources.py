@@ -35,8 +35,10 @@ class Source:
     """The source side of one instance. ``emit(batch, emitted)`` runs the stage's steps on a
     batch; the stage's reader is opened when the stream starts (:meth:`run`)."""
 
-    def __init__(self, stage, index: int, emit: Callable[[pd.DataFrame, float], Awaitable[None]]) -> None:
+    def __init__(self, stage, index: int, emit: Callable[[pd.DataFrame, float], Awaitable[None]],
+                 dead: Callable[[pd.DataFrame, list], None] | None = None) -> None:
         self.stage, self.index, self.emit = stage, index, emit
+        self.dead = dead                        # dead(records, reasons): what the reader could not decode
         self.reader: SplitReader | None = None
         self.ended_offsets: dict = {}           # offsets of a source this one replaced once ended
         self.gate = asyncio.Event()             # cleared: paused (the pause-and-resume baseline)
@@ -132,7 +134,9 @@ class Source:
         self.reader = open_reader(st, self.index)
         self.replaying = bool(st.rate and st.event_time and st.time_range and st.time_range[1] > st.time_range[0])
         resume = resume or {}
-        splits = self.reader.splits_at(resume)
+        loop = asyncio.get_running_loop()
+        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
+        splits = await loop.run_in_executor(thread, self.reader.splits_at, resume)     # may ask a broker
         self.emitted = {s.split_id: s.position for s in splits}
         if st.event_time:
             self.max_times = dict.fromkeys(self.emitted, -np.inf)
@@ -144,16 +148,17 @@ class Source:
         self.rows = resume.get("rows", 0)
         self.replayed_until = resume.get("replayed_until")
         per_instance = self.paced_rate()
-        loop = asyncio.get_running_loop()
-        thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"streamlb-read-{st.name}[{self.index}]")
         try:
             await loop.run_in_executor(thread, self.reader.add_splits, splits)
             await self.emit_all(loop, thread, iter(batches), per_instance, resume.get("t0"), resume.get("sent", 0))
         finally:
-            thread.shutdown(wait=False, cancel_futures=True)
+            self._drain_dead()
+            thread.submit(self.reader.close)        # after the read in flight, if any
+            thread.shutdown(wait=False)
 
     def _polled(self):
-        """``(batch, None, split)`` as the reader hands them out."""
+        """``(batch, None, split)`` as the reader hands them out (a live source's empty
+        batches too: nothing has come yet; barriers and pauses are taken meanwhile)."""
         while (b := self.reader.poll()) is not None:
             yield b.frame, None, b.split_id
 
@@ -180,7 +185,7 @@ class Source:
         """``batch`` is out; ``mark``: the split it came from, if one."""
         self.rows += len(batch)
         if isinstance(mark, str):
-            self.emitted[mark] = self.reader.advance(self.emitted[mark], len(batch))
+            self.emitted[mark] = self.reader.advance(self.emitted[mark], len(batch), batch)
             if self.max_times and len(batch):
                 top = float(event_times(batch[self.stage.event_time]).max())
                 self.max_times[mark] = max(self.max_times[mark], top)
@@ -202,6 +207,8 @@ class Source:
             ahead = loop.run_in_executor(thread, next, batches, None)
             batch, due, mark = item
             n = len(batch)
+            if self.reader is not None and self.reader.dead_letters:
+                self._drain_dead()
             if self.barriers:
                 await self.put_barriers()
             if not self.gate.is_set() or not self.handing_over.is_set():
@@ -245,6 +252,14 @@ class Source:
             self.sent = sent
             if self.replaying:
                 self._replayed(mark)
+
+    def _drain_dead(self) -> None:
+        """Records the reader could not decode go to the dead letters, with its reasons."""
+        if self.reader is None or not self.reader.dead_letters:
+            return
+        got, self.reader.dead_letters = self.reader.dead_letters, []
+        if self.dead is not None:
+            self.dead(pd.DataFrame([r for r, _ in got]), [why for _, why in got])
 
     def rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
         """How many of ``batch``'s first rows are due by now: by their event time mapped to

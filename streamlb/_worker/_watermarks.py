@@ -100,7 +100,8 @@ class Watermarks:
         """After a batch, or now and then: the source's watermark."""
         src = self.inst.source
         now = time.time()
-        wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate))
+        live = src.reader is not None and src.reader.live      # a source that waits for data
+        wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate) or live)
         await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:

@@ -1,0 +1,95 @@
+"""Kafka sources end to end: a job on LocalCluster worker processes reads a topic of a real
+broker process (the ``kafka`` fixture), exact against pandas over the records produced."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from streamlb import PipelineError
+
+from kafka_broker import topic_name
+
+
+def _records(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    keys = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), rng.integers(0, 200, n))
+    return pd.DataFrame({"key": keys, "value": rng.integers(0, 1000, n)})
+
+
+def _values(df: pd.DataFrame) -> list[bytes]:
+    return [json.dumps(r).encode() for r in df.to_dict("records")]
+
+
+def _truth(df: pd.DataFrame) -> pd.DataFrame:
+    return df.groupby("key").agg(n=("value", "count"), total=("value", "sum")).sort_index()
+
+
+def _state(job) -> pd.DataFrame:
+    got = job.state("totals")[["n", "total"]].sort_index()
+    got.index = got.index.astype(np.int64)
+    return got
+
+
+def test_a_keyed_aggregate_over_a_topic_is_exact_and_bad_records_go_to_dead_letters(two_workers, kafka):
+    topic = kafka.create_topic(topic_name("agg"), partitions=4)
+    df = _records(40_000, seed=1)
+    values = _values(df)
+    bad = {7: b"{not json", 20_001: b"[1, 2]", 39_999: b"\xff\xfe"}
+    for i, v in bad.items():
+        values[i] = v
+    kafka.produce(topic, values, partition=[i % 4 for i in range(len(values))])
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", until="end", batch_size=5_000)
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")}, name="totals")
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait(timeout=120)
+        got, dead = _state(job), job.dead_letters()
+    pd.testing.assert_frame_equal(got, _truth(df.drop(index=list(bad))), check_dtype=False)
+    assert len(dead) == len(bad)
+    where = sorted((r["kafka_partition"], r["kafka_offset"]) for r in dead.record)
+    assert where == sorted((i % 4, i // 4) for i in bad)        # partition i % 4, offset i // 4 there
+    assert all(f"Kafka topic {topic!r} partition" in why for why in dead.reason)
+    assert {bytes(r["value"]) for r in dead.record} == set(bad.values())
+
+
+def test_an_unbounded_job_reads_what_is_produced_while_it_runs_until_stopped(two_workers, kafka):
+    topic = kafka.create_topic(topic_name("live"), partitions=3)
+    df = _records(9_000, seed=2)
+    parts = [df.iloc[i::3] for i in range(3)]
+    kafka.produce(topic, _values(parts[0]))
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest")
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")}, name="totals")
+    job = streamlb.run(src, client=two_workers, balancer="static")
+    try:
+        for i, part in enumerate(parts, 1):
+            if i > 1:
+                kafka.produce(topic, _values(part))
+            want = _truth(pd.concat(parts[:i]))
+            deadline = time.time() + 60
+            while True:
+                got = _state(job) if job.status == "running" else None
+                if got is not None and got.n.sum() >= want.n.sum():
+                    break
+                assert time.time() < deadline, f"after batch {i}: {None if got is None else got.n.sum()} " \
+                                               f"of {want.n.sum()} records read"
+                time.sleep(0.2)
+            pd.testing.assert_frame_equal(got, want, check_dtype=False)
+        assert job.status == "running"      # an unbounded job does not end on its own
+    finally:
+        job.stop()
+
+
+def test_bad_kafka_source_arguments_are_refused_naming_them():
+    with pytest.raises(PipelineError, match="bootstrap.servers"):
+        Stream.from_kafka_topic("t", {})
+    with pytest.raises(PipelineError, match="offsets='newest'; valid: 'committed'"):
+        Stream.from_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, offsets="newest")
+    with pytest.raises(PipelineError, match="until='forever'; valid: None, 'end'"):
+        Stream.from_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, until="forever")
+    with pytest.raises(PipelineError, match="decode='xml'"):
+        Stream.from_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, decode="xml")
