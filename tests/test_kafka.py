@@ -93,3 +93,85 @@ def test_bad_kafka_source_arguments_are_refused_naming_them():
         Stream.from_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, until="forever")
     with pytest.raises(PipelineError, match="decode='xml'"):
         Stream.from_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, decode="xml")
+
+
+def _wait_for(job, want: pd.DataFrame, what: str, timeout: float = 90) -> pd.DataFrame:
+    """Poll the job's state until it holds as many records as ``want``; returns it."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            got = _state(job) if job.status == "running" else None
+        except (OSError, streamlb.StreamlbError):      # a lost worker: until it is recovered
+            got = None
+        if got is not None and got.n.sum() >= want.n.sum():
+            return got
+        assert time.time() < deadline, f"{what}: {None if got is None else got.n.sum()} of {want.n.sum()} records read"
+        time.sleep(0.2)
+
+
+def _totals(src):
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")}, name="totals")
+
+
+@pytest.mark.cluster
+def test_exactly_once_into_state_across_a_sigkilled_worker(kafka, tmp_path):
+    """The partitions' offsets are in the checkpoints: after a worker is SIGKILLed mid-stream
+    the job goes on from the last checkpoint, and every record counts once."""
+    from distributed import Client
+
+    from conftest import dask_cli_cluster
+    from test_checkpoint import _kill_one
+
+    topic = kafka.create_topic(topic_name("kill"), partitions=4)
+    first, second = _records(60_000, seed=3), _records(200_000, seed=4)
+    kafka.produce(topic, _values(first))
+    with dask_cli_cluster(workers=3) as address, Client(address) as c:
+        c.wait_for_workers(3, timeout=60)
+        src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest",
+                                      batch_size=2_000)
+        _totals(src)
+        job = streamlb.run(src, client=c, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
+                           balancer="static")
+        try:
+            _wait_for(job, _truth(first), "before the kill")
+            kafka.produce(topic, _values(second))
+            deadline = time.time() + 30
+            while _state(job).n.sum() < len(first) + len(second) // 10 and time.time() < deadline:
+                time.sleep(0.05)
+            victim = _kill_one(c, job)
+            want = _truth(pd.concat([first, second]))
+            got = _wait_for(job, want, "after the kill", timeout=180)
+            pd.testing.assert_frame_equal(got, want, check_dtype=False)
+            recoveries = [h for h in job.history if h.get("kind") == "recovery"]
+            assert len(recoveries) == 1 and recoveries[0]["lost_workers"] == [victim]
+        finally:
+            job.stop()
+
+
+def test_a_savepoint_then_stop_then_restore_reads_the_rest_once(two_workers, kafka, tmp_path):
+    topic = kafka.create_topic(topic_name("save"), partitions=2)
+    parts = [_records(5_000, seed=s) for s in (5, 6, 7)]
+    kafka.produce(topic, _values(parts[0]))
+
+    def job_of(**kw):
+        src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest")
+        _totals(src)
+        return streamlb.run(src, client=two_workers, balancer="static", **kw)
+
+    job = job_of()
+    try:
+        _wait_for(job, _truth(parts[0]), "first job")
+        kafka.produce(topic, _values(parts[1]))
+        _wait_for(job, _truth(pd.concat(parts[:2])), "first job, more")
+        path = job.savepoint(str(tmp_path / "sp"))
+    finally:
+        job.stop()
+    kafka.produce(topic, _values(parts[2]))         # while no job runs
+    job = job_of(restore=path)
+    try:
+        want = _truth(pd.concat(parts))
+        pd.testing.assert_frame_equal(_wait_for(job, want, "restored job"), want, check_dtype=False)
+        time.sleep(1.0)                              # nothing more comes: nothing read twice
+        pd.testing.assert_frame_equal(_state(job), want, check_dtype=False)
+    finally:
+        job.stop()
