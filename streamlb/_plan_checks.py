@@ -82,7 +82,7 @@ def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
     job's ``batch_size=``), keeps it; the setting ``streamlb.batch-size`` stays the largest.
     """
     for st in plan.stages:
-        if st.kind != "parquet_source" or not st.rate or st.batch_size_given or given:
+        if st.kind not in ("parquet_source", "directory_source") or not st.rate or st.batch_size_given or given:
             continue
         per_window = st.rate / st.parallelism * window
         st.batch_size = int(min(st.batch_size, max(MIN_PACED_BATCH, per_window // PACED_BATCHES)))

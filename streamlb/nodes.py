@@ -46,16 +46,26 @@ class from_parquet(Source):
         files merged by this column, and with ``rate`` every instance replays the log on one
         shared clock (event time mapped to wall time), so the stream stays in event-time order
         across files and instances, as a log replayed at speed would be.
+    watch : str or float, optional
+        Keep watching the directory ``path``: list it every ``watch`` (a duration such as
+        ``"1s"``, or seconds) and read each new file once, until ``job.stop()``. A file
+        is taken once visible: write it under a name starting with ``_`` or ``.`` and
+        rename it into place (atomic on POSIX), as Spark does. Each new file goes to one
+        instance (one per worker by default) by a stable hash of its path; the files
+        read, and the rows read of those being read, are in checkpoints and savepoints,
+        so each is read exactly once across a recovery or a restore. The directory may
+        be empty when the job starts. See docs/kafka.md, "A directory that grows".
 
     Examples
     --------
     >>> from streamz import Stream
     >>> src = Stream.from_parquet("data/zipf", batch_size=10_000)
     >>> counts = src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
+    >>> landing = Stream.from_parquet("data/landing", watch="1s")
     """
 
     def __init__(self, path, rate=None, batch_size=None, parallelism=None, columns=None, event_time=None,
-                 **kwargs):
+                 watch=None, **kwargs):
         if rate is not None and not rate > 0:
             raise PipelineError(f"from_parquet({path!r}): rate must be > 0 records/s, got {rate!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -71,10 +81,42 @@ class from_parquet(Source):
         if event_time is not None and not isinstance(event_time, str):
             raise PipelineError(f"from_parquet({path!r}): event_time must be a column name, got {event_time!r}")
         self.event_time = event_time
+        self.watch = _watch_seconds(watch, f"from_parquet({path!r})")
         super().__init__(**kwargs)
 
     async def run(self):
         raise PipelineError("from_parquet runs on a Dask cluster: use streamlb.run(...)")
+
+
+def _watch_seconds(watch, what: str) -> float | None:
+    """``from_parquet(watch=...)`` in seconds: None, seconds > 0, or a positive duration.
+
+    >>> _watch_seconds("200ms", "from_parquet('d')"), _watch_seconds(2, "from_parquet('d')")
+    (0.2, 2.0)
+    >>> _watch_seconds("soon", "from_parquet('d')")
+    Traceback (most recent call last):
+    streamlb.exceptions.PipelineError: from_parquet('d'): watch='soon' is not a positive duration; ...
+    """
+    import datetime
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    if watch is None:
+        return None
+    seconds = None
+    if isinstance(watch, (int, float, np.integer, np.floating)) and not isinstance(watch, (bool, np.bool_)):
+        seconds = float(watch)
+    elif isinstance(watch, (str, datetime.timedelta, np.timedelta64)):
+        try:
+            seconds = pd.Timedelta(watch).total_seconds()
+        except (ValueError, TypeError):
+            pass
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise PipelineError(f"{what}: watch={watch!r} is not a positive duration; give seconds (a number > 0) or "
+                            "a duration such as '1s' or '200ms' (a string, datetime.timedelta or pd.Timedelta)")
+    return seconds
 
 
 @Stream.register_api()

@@ -56,8 +56,8 @@ class Stage:
 
     id: int
     name: str
-    kind: str                   # parquet_source, iterable_source, or aggregate, stateful_map, window, join,
-    #                             process, rebalance
+    kind: str                   # parquet_source, iterable_source, kafka_source, directory_source, or aggregate,
+    #                             stateful_map, window, join, process, rebalance
     parallelism: int = 1
     upstream: int | None = None     # the first input (the only one, but for union and join)
     exchange: str = ""          # how records arrive: keyed or round_robin
@@ -263,7 +263,9 @@ class _Planner:
         return name
 
     def source(self, n: Stream) -> None:
-        if isinstance(n, nodes.from_parquet):
+        if isinstance(n, nodes.from_parquet) and n.watch is not None:
+            st = self.directory(n)
+        elif isinstance(n, nodes.from_parquet):
             files = parquet_files(n.path)
             par = min(n.parallelism or self.workers, len(files))
             rows = _row_counts(files)
@@ -296,6 +298,21 @@ class _Planner:
                 "Stream.from_parquet(...), Stream.from_iterable(...) and Stream.from_kafka_topic(...)"
             )
         st.children = self.children(n, st)
+
+    def directory(self, n: nodes.from_parquet) -> Stage:
+        """The stage of ``from_parquet(path, watch=...)``: a directory read as files appear
+        in it (none need be there yet), one instance per worker unless ``parallelism=``."""
+        if not os.path.isdir(n.path):
+            what = "is a file" if os.path.exists(n.path) else "does not exist"
+            raise InputPathError(f"from_parquet({n.path!r}, watch={n.watch!r}): {n.path!r} {what}; watch= "
+                                 "watches a directory, which must exist (it may be empty)")
+        return self.new_stage(
+            name=self.unique_name(None, f"from_parquet({os.path.basename(n.path.rstrip(os.sep))})"),
+            kind="directory_source", parallelism=n.parallelism or self.workers, rate=n.rate,
+            batch_size=n.batch_size or self.batch_size, batch_size_given=n.batch_size is not None,
+            columns=n.columns, event_time=n.event_time,
+            source={"path": os.path.abspath(n.path), "watch": n.watch},
+        )
 
     def children(self, n: Stream, stage: Stage) -> list[Step]:
         out: list[Step] = []

@@ -2,8 +2,9 @@
 
 ``_base`` holds the seam (:class:`Split`, :class:`SplitReader`); every other module holds
 one source: ``_parquet`` (``Stream.from_parquet``, a split per file), ``_iterable``
-(``Stream.from_iterable``, its items one split) and ``_kafka`` (``Stream.from_kafka_topic``,
-a split per partition). A new source is one new module with a
+(``Stream.from_iterable``, its items one split), ``_kafka`` (``Stream.from_kafka_topic``,
+a split per partition) and ``_directory`` (``Stream.from_parquet(path, watch=...)``, a split
+per file as files appear). A new source is one new module with a
 ``SplitReader`` and its entry in :data:`READERS`, under the kind of stage the planner
 makes for it. Pacing, event-time replay, checkpoint barriers, what was emitted and the
 watermark input are the runtime's, the same for every source
@@ -12,6 +13,7 @@ watermark input are the runtime's, the same for every source
 from __future__ import annotations
 
 from ._base import Split, SplitBatch, SplitReader, event_times
+from ._directory import DirectoryReader
 from ._iterable import IterableReader
 from ._parquet import ParquetReader
 
@@ -24,7 +26,7 @@ def _kafka(stage, index):
 
 # kind of source stage -> its reader
 READERS: dict[str, type[SplitReader]] = {"parquet_source": ParquetReader, "iterable_source": IterableReader,
-                                         "kafka_source": _kafka}
+                                         "kafka_source": _kafka, "directory_source": DirectoryReader}
 
 
 def open_reader(stage, index: int) -> SplitReader:
@@ -33,7 +35,7 @@ def open_reader(stage, index: int) -> SplitReader:
     >>> from types import SimpleNamespace
     >>> open_reader(SimpleNamespace(kind="kinesis_source"), 0)
     Traceback (most recent call last):
-    ValueError: no reader for source kind 'kinesis_source'; kinds: parquet_source, iterable_source, kafka_source
+    ValueError: no reader for source kind 'kinesis_source'; kinds: parquet_source, iterable_source, kafka_source, ...
     """
     cls = READERS.get(stage.kind)
     if cls is None:

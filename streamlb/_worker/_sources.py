@@ -12,6 +12,7 @@ the GIL) never stalls the worker's event loop, where every instance runs.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +54,7 @@ class Source:
         self.lag = 0.0
         # what was emitted, for a replacement to go on from (see :meth:`position`)
         self.emitted: dict = {}                 # split -> its position after the rows emitted
+        self.opened: collections.deque = collections.deque()    # splits a live reader opened itself
         self.rows = 0                           # rows in all
         self.max_times: dict[str, float] = {}   # split -> largest event time emitted (watermark input)
         self.replayed_until: float | None = None    # event time every slice before was emitted
@@ -68,6 +70,7 @@ class Source:
         self.exhausted = False                  # every row emitted (what is asked now: ended)
         self.sending = False                    # a batch is on its way out (watermarks wait)
         self.split_now = "_"                    # the split of that batch ("_": several, a replay)
+        self.checkpointed: dict[int, dict] = {}     # checkpoint id -> positions at its barrier
 
     def ask_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
         """Put checkpoint ``cid``'s barrier out before the next row leaves."""
@@ -158,9 +161,29 @@ class Source:
 
     def _polled(self):
         """``(batch, None, split)`` as the reader hands them out (a live source's empty
-        batches too: nothing has come yet; barriers and pauses are taken meanwhile)."""
+        batches too: nothing has come yet; barriers and pauses are taken meanwhile).
+
+        A live reader that opens splits itself (a watched directory's new files) does so
+        in a poll that hands out an empty batch: the splits it holds that were not known
+        are then registered (:meth:`_register_opened`), at the positions they were opened
+        at, before the batch, so before any of their rows goes out."""
+        known = set(self.emitted)
         while (b := self.reader.poll()) is not None:
+            if self.reader.live and not len(b.frame):
+                for s, p in self.reader.offsets().items():
+                    if s not in known:
+                        known.add(s)
+                        self.opened.append(Split(s, p))
             yield b.frame, None, b.split_id
+
+    def _register_opened(self) -> None:
+        """Splits the reader opened while running join what was emitted (at their start)
+        and the watermark input (at -inf), on the event loop, as if opened at the start."""
+        while self.opened:
+            s = self.opened.popleft()
+            self.emitted[s.split_id] = s.position
+            if self.stage.event_time:
+                self.max_times[s.split_id] = -np.inf
 
     def _fetched(self, split: str):
         """The batches of one split (an event-time replay interleaves the splits itself)."""
@@ -207,6 +230,8 @@ class Source:
             ahead = loop.run_in_executor(thread, next, batches, None)
             batch, due, mark = item
             n = len(batch)
+            if self.opened:
+                self._register_opened()
             if self.reader is not None and self.reader.dead_letters:
                 self._drain_dead()
             if self.barriers:
@@ -252,6 +277,15 @@ class Source:
             self.sent = sent
             if self.replaying:
                 self._replayed(mark)
+
+    def completed(self, cid: int) -> None:
+        """Checkpoint ``cid`` is complete: the reader may tell the source (Kafka: commit the
+        offsets to the consumer group, for monitoring). Earlier ones are dropped."""
+        positions = self.checkpointed.pop(cid, None)
+        for c in [c for c in self.checkpointed if c < cid]:
+            del self.checkpointed[c]
+        if positions and self.reader is not None:
+            self.reader.commit(positions)
 
     def _drain_dead(self) -> None:
         """Records the reader could not decode go to the dead letters, with its reasons."""
