@@ -101,7 +101,7 @@ def _wait_for(job, want: pd.DataFrame, what: str, timeout: float = 90) -> pd.Dat
     while True:
         try:
             got = _state(job) if job.status == "running" else None
-        except (OSError, streamlb.StreamlbError):      # a lost worker: until it is recovered
+        except (OSError, RuntimeError, streamlb.StreamlbError):     # a lost worker, until recovered
             got = None
         if got is not None and got.n.sum() >= want.n.sum():
             return got
@@ -173,5 +173,55 @@ def test_a_savepoint_then_stop_then_restore_reads_the_rest_once(two_workers, kaf
         pd.testing.assert_frame_equal(_wait_for(job, want, "restored job"), want, check_dtype=False)
         time.sleep(1.0)                              # nothing more comes: nothing read twice
         pd.testing.assert_frame_equal(_state(job), want, check_dtype=False)
+    finally:
+        job.stop()
+
+
+def test_offsets_are_committed_to_the_group_after_each_checkpoint(two_workers, kafka, tmp_path):
+    """For monitoring tools: the user's group shows the offsets of the last complete checkpoint."""
+    from confluent_kafka import TopicPartition
+
+    topic = kafka.create_topic(topic_name("commit"), partitions=3)
+    df = _records(6_000, seed=8)
+    kafka.produce(topic, _values(df), partition=[i % 3 for i in range(len(df))])
+    group = topic_name("group")
+    src = Stream.from_kafka_topic(topic, {**kafka.consumer_conf, "group.id": group}, decode="json")
+    _totals(src)
+    job = streamlb.run(src, client=two_workers, balancer="static", checkpoint=str(tmp_path / "ck"),
+                       checkpoint_interval=0.2)
+    try:
+        _wait_for(job, _truth(df), "reading")
+        c = kafka.consumer(**{"group.id": group})
+        tps = [TopicPartition(topic, p) for p in range(3)]
+        deadline = time.time() + 30
+        while True:
+            committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+            if committed == {p: 2_000 for p in range(3)} or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        c.close()
+        assert committed == {p: 2_000 for p in range(3)}
+    finally:
+        job.stop()
+
+
+def test_partitions_added_while_a_job_runs_are_read(two_workers, kafka):
+    from confluent_kafka.admin import NewPartitions
+
+    topic = kafka.create_topic(topic_name("grow"), partitions=2)
+    first, second = _records(4_000, seed=9), _records(3_000, seed=10)
+    kafka.produce(topic, _values(first))
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest")
+    _totals(src)
+    job = streamlb.run(src, client=two_workers, balancer="static")
+    try:
+        _wait_for(job, _truth(first), "two partitions")
+        admin = kafka.admin()
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=15)
+        while len(kafka.partitions(topic)) < 4:
+            time.sleep(0.05)
+        kafka.produce(topic, _values(second), partition=[2 + i % 2 for i in range(len(second))])
+        want = _truth(pd.concat([first, second]))
+        pd.testing.assert_frame_equal(_wait_for(job, want, "partitions 2 and 3"), want, check_dtype=False)
     finally:
         job.stop()

@@ -392,7 +392,14 @@ class KafkaReader(SplitReader):
 
     def poll(self) -> SplitBatch | None:
         """The next batch, tagged by its split (as :meth:`SplitReader.poll`); a batch with no
-        rows when no open split has any yet, so an unbounded source returns None never."""
+        rows when no open split has any yet, so an unbounded source returns None never.
+
+        Unbounded, it also looks for partitions added to the topic (every
+        ``discovery_interval`` s) and opens those it owns in a poll that hands out an empty
+        batch, so the runtime knows of them before any of their records goes out."""
+        if self.opts.until is None and (new := self.new_splits()):
+            self.add_splits(new)
+            return SplitBatch(new[0].split_id, self._empty.copy())
         live = [s for s in self._read if s not in self._ended]
         for s in [s for s in live if s not in self._ahead]:
             frame = self.read(s)

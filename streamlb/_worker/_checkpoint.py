@@ -224,6 +224,7 @@ class Checkpointed:
     async def _source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
         """A source between two batches: record what it emitted, then send the barrier on."""
         position = {**self.source.position(), "records_out": self.records_out, "started_at": self.started_at}
+        self.source.checkpointed[cid] = dict(self.source.emitted)
         segment = self.seal(cid)
         for ex in self.exchanges.values():
             await ex.checkpoint(cid, full, target)
@@ -278,7 +279,11 @@ class Checkpointed:
                 "owner_waiting": self.owner.waiting, "unarmed": bool(self.owner.unarmed)}
 
     async def forget_checkpoint(self, cid: int) -> None:
+        """Checkpoint ``cid`` is complete (or its late outputs were collected): a source
+        tells its reader where it stood (Kafka commits those offsets to the user's group)."""
         self.ckpt.acks.pop(cid, None)
+        if self.source is not None:
+            self.source.completed(cid)
 
     async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
         """Install the state of key groups ``groups`` from a checkpoint (read off the event
