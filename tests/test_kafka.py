@@ -225,3 +225,21 @@ def test_partitions_added_while_a_job_runs_are_read(two_workers, kafka):
         pd.testing.assert_frame_equal(_wait_for(job, want, "partitions 2 and 3"), want, check_dtype=False)
     finally:
         job.stop()
+
+
+def test_a_kafka_fed_job_is_exact_while_autoflow_balances_and_across_a_live_rescale(two_workers, kafka):
+    """The operators behind a Kafka source move and rescale like any others."""
+    topic = kafka.create_topic(topic_name("move"), partitions=4)
+    df = _records(150_000, seed=11)
+    kafka.produce(topic, _values(df))
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", until="end", batch_size=1_000)
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")}, name="totals",
+                                parallelism=4)
+    with streamlb.run(src, client=two_workers, balancer="autoflow", window=0.2, key_groups=64) as job:
+        time.sleep(0.5)
+        job.rescale("totals", 3)
+        job.wait(timeout=120)
+        got = _state(job)
+        kinds = {h.get("kind", "migration") for h in job.history}
+    pd.testing.assert_frame_equal(got, _truth(df), check_dtype=False)
+    assert kinds >= {"rescale", "migration"}, kinds
