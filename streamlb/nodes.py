@@ -313,4 +313,4 @@ class to_parquet(Sink):
 
 from ._nodes_time import apply, window, with_watermark  # noqa: E402,F401  (registered on streamz.Stream)
 from ._nodes_join import join, process  # noqa: E402,F401  (registered on streamz.Stream)
-from ._nodes_kafka import from_kafka_topic  # noqa: E402,F401  (registered on streamz.Stream)
+from ._nodes_kafka import from_kafka_topic, to_kafka_topic  # noqa: E402,F401  (registered on streamz.Stream)

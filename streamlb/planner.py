@@ -25,7 +25,7 @@ from ._functions import UserFunction
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
 SUPPORTED = ("from_parquet, from_iterable, from_kafka_topic, with_watermark, key_by, aggregate, stateful_map, window, apply, join, "
-             "process, union, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet")
+             "process, union, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet, to_kafka_topic")
 KEYED_KINDS = ("aggregate", "stateful_map", "window", "join", "process")     # stage kinds that hold keyed state
 #: A sender's id at a stage with several inputs: ``slot * SENDERS + instance index`` (slot 0,
 #: the only one of most stages, keeps the instance index).
@@ -33,6 +33,8 @@ SENDERS = 1 << 16
 #: Source nodes planned by their own module: node type -> ``plan(planner, node) -> Stage``
 #: (a new source registers here; its reader goes in ``streamlb._sources.READERS``).
 SOURCES: dict = {_nodes_kafka.from_kafka_topic: _nodes_kafka.plan}
+#: Sink nodes planned by their own module: node type -> ``plan(planner, node, stage) -> Step``.
+SINKS: dict = {_nodes_kafka.to_kafka_topic: _nodes_kafka.plan_sink}
 
 
 @dataclass
@@ -376,6 +378,8 @@ class _Planner:
         if isinstance(n, nodes.to_parquet):
             self.parquet_paths.append(n.path)
             return Step("parquet_sink", path=n.path)
+        if type(n) in SINKS:
+            return SINKS[type(n)](self, n, stage)
         if isinstance(n, sz_sinks.sink):
             owner = getattr(n.func, "__self__", None)
             if isinstance(owner, list) and getattr(n.func, "__name__", "") == "append":

@@ -151,6 +151,33 @@ def test_savepoint_stop_and_restore_with_files_added_meanwhile(two_workers, tmp_
         job.stop()
 
 
+def test_a_savepoint_restores_at_another_source_parallelism(two_workers, tmp_path):
+    """Files done and half read are merged over the old instances; each new one takes the
+    files it owns now (a half-read file goes on at its row)."""
+    root = tmp_path / "landing"
+    root.mkdir()
+    frames = [_frame(60 + i, 6_000) for i in range(6)]
+    for i in range(4):
+        _land(root, f"part-{i}.parquet", frames[i])
+    job = _job(root, two_workers, source={"rate": 12_000, "parallelism": 2})
+    try:
+        deadline = time.time() + 20
+        while (_state(job) is None or _state(job).n.sum() < 8_000) and time.time() < deadline:
+            time.sleep(0.05)
+        sp = job.savepoint(str(tmp_path / "savepoint"))
+    finally:
+        job.stop()
+    for i in range(4, 6):
+        _land(root, f"part-{i}.parquet", frames[i])
+    job = _job(root, two_workers, source={"parallelism": 3}, restore=sp)
+    try:
+        _wait_exact(job, frames)
+        time.sleep(0.5)
+        _wait_exact(job, frames)
+    finally:
+        job.stop()
+
+
 @pytest.mark.cluster
 def test_a_sigkilled_worker_is_recovered_and_each_file_read_exactly_once(tmp_path):
     from distributed import Client

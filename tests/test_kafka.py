@@ -243,3 +243,117 @@ def test_a_kafka_fed_job_is_exact_while_autoflow_balances_and_across_a_live_resc
         kinds = {h.get("kind", "migration") for h in job.history}
     pd.testing.assert_frame_equal(got, _truth(df), check_dtype=False)
     assert kinds >= {"rescale", "migration"}, kinds
+
+
+# -- to_kafka_topic ---------------------------------------------------------------------------
+def _running_counts(src, out_topic, kafka, parallelism=None):
+    """A running count per key (one output per input record) written to ``out_topic``."""
+    counts = src.key_by("key").stateful_map(lambda s, r: ((s or 0) + 1, (s or 0) + 1), name="running",
+                                            parallelism=parallelism)
+    counts.to_kafka_topic(out_topic, {"bootstrap.servers": kafka.bootstrap}, key="key")
+
+
+def _read_counts(kafka, topic: str) -> pd.DataFrame:
+    rows = [json.loads(v) for _, _, _, v in kafka.read_all(topic, isolation="read_committed")]
+    return pd.DataFrame(rows, columns=["key", "output"])
+
+
+def _expected_counts(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"key": df.key.to_numpy(), "output": df.groupby("key").cumcount().to_numpy() + 1})
+
+
+def _same_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    cols = ["key", "output"]
+    a = got[cols].astype(np.int64).sort_values(cols).reset_index(drop=True)
+    b = want[cols].astype(np.int64).sort_values(cols).reset_index(drop=True)
+    assert len(a) == len(b), f"{len(a)} rows read committed, {len(b)} expected"
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_to_kafka_topic_writes_each_row_once_read_committed(two_workers, kafka):
+    src_topic = kafka.create_topic(topic_name("in"), partitions=4)
+    out_topic = kafka.create_topic(topic_name("out"), partitions=3)
+    df = _records(30_000, seed=12)
+    kafka.produce(src_topic, _values(df))
+    src = Stream.from_kafka_topic(src_topic, kafka.consumer_conf, decode="json", until="end")
+    _running_counts(src, out_topic, kafka)
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait(timeout=120)
+    _same_rows(_read_counts(kafka, out_topic), _expected_counts(df))
+    # keys as the producer's partitioner places them: one key, one partition
+    placed = {}
+    for p, _, k, _ in kafka.read_all(out_topic):
+        assert placed.setdefault(k, p) == p
+
+
+def test_bad_kafka_sink_arguments_are_refused_naming_them():
+    src = Stream.from_iterable([{"a": 1}])
+    with pytest.raises(PipelineError, match="bootstrap.servers"):
+        src.to_kafka_topic("t", {})
+    with pytest.raises(PipelineError, match="encode='xml'; valid: 'json' or a callable"):
+        src.to_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1"}, encode="xml")
+    with pytest.raises(PipelineError, match="must not set 'transactional.id'"):
+        src.to_kafka_topic("t", {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "x"})
+
+
+@pytest.mark.cluster
+def test_to_kafka_topic_exactly_once_across_a_sigkilled_worker(kafka, tmp_path):
+    """With checkpoints, what a lost instance wrote after the last complete checkpoint is
+    aborted and written again by the replay: each row once under read_committed."""
+    from distributed import Client
+
+    from conftest import dask_cli_cluster
+    from test_checkpoint import _kill_one
+
+    src_topic = kafka.create_topic(topic_name("in"), partitions=4)
+    out_topic = kafka.create_topic(topic_name("out"), partitions=3)
+    df = _records(120_000, seed=13)
+    kafka.produce(src_topic, _values(df))
+    with dask_cli_cluster(workers=3) as address, Client(address) as c:
+        c.wait_for_workers(3, timeout=60)
+        src = Stream.from_kafka_topic(src_topic, kafka.consumer_conf, decode="json", until="end",
+                                      batch_size=1_000)
+        _running_counts(src, out_topic, kafka, parallelism=3)
+        job = streamlb.run(src, client=c, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
+                           balancer="static")
+        try:
+            deadline = time.time() + 60
+            while (job.checkpoints().empty or sum(r for r in job.offsets().values()) < 40_000) \
+                    and time.time() < deadline:
+                time.sleep(0.05)
+            victim = _kill_one(c, job)
+            job.wait(timeout=180)
+            recoveries = [h for h in job.history if h.get("kind") == "recovery"]
+            assert len(recoveries) == 1 and recoveries[0]["lost_workers"] == [victim]
+        finally:
+            job.stop()
+    _same_rows(_read_counts(kafka, out_topic), _expected_counts(df))
+
+
+def test_a_savepoint_restores_at_another_source_parallelism(two_workers, kafka, tmp_path):
+    """Partitions' offsets are merged over the old instances and each new one takes its own."""
+    topic = kafka.create_topic(topic_name("repar"), partitions=4)
+    first, second = _records(6_000, seed=14), _records(4_000, seed=15)
+    kafka.produce(topic, _values(first))
+
+    def job_of(par, **kw):
+        src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest", parallelism=par)
+        _totals(src)
+        return streamlb.run(src, client=two_workers, balancer="static", **kw)
+
+    job = job_of(2)
+    try:
+        _wait_for(job, _truth(first), "at parallelism 2")
+        path = job.savepoint(str(tmp_path / "sp"))
+    finally:
+        job.stop()
+    kafka.produce(topic, _values(second))
+    job = job_of(3, restore=path)
+    try:
+        want = _truth(pd.concat([first, second]))
+        _wait_for(job, want, "at parallelism 3")
+        time.sleep(1.0)
+        pd.testing.assert_frame_equal(_state(job), want, check_dtype=False)
+        assert job.summary()["records"] == len(second)      # only what came after the savepoint
+    finally:
+        job.stop()

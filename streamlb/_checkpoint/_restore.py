@@ -113,8 +113,9 @@ def source_positions(manifest: dict, stages, fresh_clock: bool) -> dict:
             for f, n in (pos.get("files") or {}).items():
                 emitted[os.path.abspath(f)] = n
         same = len(old) == st.parallelism
+        merged = _merged_splits(old)
         for i in range(st.parallelism):
-            pos = dict(old[i]) if same else {}
+            pos = dict(old[i]) if same else dict(merged)
             pos.pop("ended", None)          # an ended source skips every row and ends again
             pos["files"] = {f: emitted.get(os.path.abspath(f), 0) for f in st.assignment[i]} if st.files else {}
             pos.setdefault("rows", 0)
@@ -131,3 +132,24 @@ def source_positions(manifest: dict, stages, fresh_clock: bool) -> dict:
             pos.setdefault("started_at", now)
             out[(st.id, i)] = (origin, pos)
     return out
+
+
+def _merged_splits(old: list[dict]) -> dict:
+    """The split positions of every old instance of a source that assigns its splits itself
+    (Kafka partitions, files of a watched directory), merged: at another parallelism each new
+    instance gets them all and takes its own (a partition or file it owns now)."""
+    kafka: dict = {}
+    files: dict = {}
+    done: set = set()
+    for pos in old:
+        kafka.update(pos.get("kafka") or {})
+        d = pos.get("directory") or {}
+        files.update(d.get("files") or {})
+        done.update(d.get("done") or ())
+    out: dict = {}
+    if kafka:
+        out["kafka"] = kafka
+    if files or done:
+        out["directory"] = {"files": {f: n for f, n in files.items() if f not in done}, "done": sorted(done)}
+    return out
+

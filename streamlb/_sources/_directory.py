@@ -92,7 +92,10 @@ class DirectoryReader(ParquetReader):
     def splits_at(self, saved: dict) -> list[Split]:
         mine = saved.get("directory") or {}
         self._done = frozenset(mine.get("done") or ())
-        files = {f: int(n) for f, n in (mine.get("files") or {}).items() if f not in self._done}
+        # a half-read file goes on where it was, read by its owner (after a restore at another
+        # parallelism every instance gets every instance's positions)
+        files = {f: int(n) for f, n in (mine.get("files") or {}).items()
+                 if f not in self._done and owner(f, self.parallelism) == self.index}
         gone = [f for f in files if not os.path.exists(self._path(f))]
         for f in gone:
             logger.warning("watched directory %r: %r, half read, is gone; the rest of it is not read", self.root, f)

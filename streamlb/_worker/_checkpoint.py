@@ -218,6 +218,8 @@ class Checkpointed:
         ``cid``'s outputs, for the driver to commit once it completes."""
         if not self.sinks.staged:
             return None
+        if cid >= 0:
+            self.sinks.seal_kafka(cid)
         return {"lists": self.sinks.take_lists(), "dead": self.dead.take(),
                 "files": self.sinks.seal() + self.sinks.take_closed()}
 
@@ -282,6 +284,7 @@ class Checkpointed:
         """Checkpoint ``cid`` is complete (or its late outputs were collected): a source
         tells its reader where it stood (Kafka commits those offsets to the user's group)."""
         self.ckpt.acks.pop(cid, None)
+        self.sinks.completed(cid)
         if self.source is not None:
             self.source.completed(cid)
 

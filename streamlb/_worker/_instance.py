@@ -75,7 +75,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.aligner = Aligner(senders)
         self.store = make_store(stage, key_groups)
         self.dead = DeadLetters(index)
-        self.sinks = Sinks(stage.name, stage.id, index, run)
+        self.sinks = Sinks(stage.name, stage.id, index, run, job=str(job), steps=stage.children)
         self.watermarks = Watermarks(self)
         self.steps = StepRunner(stage.name, self.sinks, self._exchange, self.watermarks.observe)
         self.cost = CostServer()
@@ -89,8 +89,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,
                                lazy_step=lazy_step, lazy_delay=lazy_delay, lazy_pace=lazy_pace)
         self._lazy_asked = lazy_asked
-        self.source = Source(stage, index, self._emit, lambda rows, why: self.dead.add(stage.name, rows, why)) \
-            if stage.is_source else None
+        self.source = Source(stage, index, self._emit, self.dead) if stage.is_source else None
         self.exchanges: dict = {}
         self.slots: dict[int, int] = {}
         self.siblings: list[Peer] = []

@@ -1,4 +1,5 @@
-"""Sinks an instance writes to: lists collected by the driver, and Parquet datasets."""
+"""Sinks an instance writes to: lists collected by the driver, Parquet datasets, and Kafka
+topics (:mod:`._kafka_sink`)."""
 from __future__ import annotations
 
 import collections
@@ -10,12 +11,16 @@ from ..exceptions import PipelineError
 
 
 class Sinks:
-    """The ``sink_to_list`` outputs waiting for the driver's poll and the open Parquet
+    """The ``sink_to_list`` outputs waiting for the driver's poll, the open Parquet
     writers of one instance (files staged under ``<path>/_temporary`` until the job
-    commits them)."""
+    commits them) and its Kafka producers (``steps``: the stage's, whose ``to_kafka_topic``
+    sinks are opened now)."""
 
-    def __init__(self, operator: str, stage_id: int, index: int, run: int = 0) -> None:
+    def __init__(self, operator: str, stage_id: int, index: int, run: int = 0, job: str = "", steps=()) -> None:
         self.operator, self.stage_id, self.index = operator, stage_id, index
+        self.kafka = None       # KafkaSinks: the to_kafka_topic producers, opened at the start
+        # transactional ids of this instance's Kafka producers: the same for its replacement
+        self.kafka_prefix = f"streamlb-{job}-{stage_id}-{index}"
         self.part = f"part-{stage_id:03d}-{index:04d}" + (f"-r{run}" if run else "")   # a replacement writes its own file
         self.lists: dict[int, list] = collections.defaultdict(list)
         self._writers: dict[str, object] = {}
@@ -26,6 +31,7 @@ class Sinks:
         self.staged = False
         self.segment = 0
         self.closed: list[list[str]] = []   # [path, file] closed at the end, not yet reported
+        self.open_kafka(steps)
 
     def append(self, target: int, x) -> None:
         self.lists[target].append(x)
@@ -61,6 +67,34 @@ class Sinks:
             ) from exc
         w.write_table(table)
 
+    def open_kafka(self, steps) -> None:
+        """Open the producers of the ``to_kafka_topic`` sinks among ``steps`` now (at the
+        start: a replacement aborts what the instance it replaces left open, even if it
+        writes nothing)."""
+        from ._kafka_sink import KafkaSinks, kafka_steps
+
+        for step in kafka_steps(steps):
+            if self.kafka is None:
+                self.kafka = KafkaSinks(self.kafka_prefix, lambda: self.staged)
+            self.kafka.open(step)
+
+    def write_kafka(self, step, x) -> None:
+        if self.kafka is None:
+            from ._kafka_sink import KafkaSinks
+
+            self.kafka = KafkaSinks(self.kafka_prefix, lambda: self.staged)
+        self.kafka.write(step, x)
+
+    def seal_kafka(self, cid: int) -> None:
+        """Checkpoint ``cid``'s barrier passed: Kafka rows since the previous one wait for it."""
+        if self.kafka is not None:
+            self.kafka.seal(cid)
+
+    def completed(self, cid: int) -> None:
+        """Checkpoint ``cid`` is complete: commit the Kafka rows it covers."""
+        if self.kafka is not None:
+            self.kafka.completed(cid)
+
     def seal(self) -> list[list[str]]:
         """A checkpoint barrier passed: close the files written since the previous one and
         return them (``[path, file]``); later rows go to new files."""
@@ -73,7 +107,10 @@ class Sinks:
         return files
 
     def close(self) -> None:
-        """End of stream: close the files (the driver commits them)."""
+        """End of stream: close the files (the driver commits them) and commit what the
+        Kafka producers hold."""
+        if self.kafka is not None:
+            self.kafka.close()
         self.closed.extend([path, self._files[path]] for path in self._writers)
         for w in self._writers.values():
             w.close()
@@ -84,7 +121,9 @@ class Sinks:
         return out
 
     def abort(self) -> None:
-        """A failed or stopped instance removes what it wrote."""
+        """A failed or stopped instance removes what it wrote (aborts its Kafka transactions)."""
+        if self.kafka is not None:
+            self.kafka.abort()
         for path, w in self._writers.items():
             try:
                 w.close()

@@ -37,9 +37,9 @@ class Source:
     batch; the stage's reader is opened when the stream starts (:meth:`run`)."""
 
     def __init__(self, stage, index: int, emit: Callable[[pd.DataFrame, float], Awaitable[None]],
-                 dead: Callable[[pd.DataFrame, list], None] | None = None) -> None:
+                 dead=None) -> None:
         self.stage, self.index, self.emit = stage, index, emit
-        self.dead = dead                        # dead(records, reasons): what the reader could not decode
+        self.dead = dead                        # the instance's DeadLetters: what the reader could not decode
         self.reader: SplitReader | None = None
         self.ended_offsets: dict = {}           # offsets of a source this one replaced once ended
         self.gate = asyncio.Event()             # cleared: paused (the pause-and-resume baseline)
@@ -293,7 +293,7 @@ class Source:
             return
         got, self.reader.dead_letters = self.reader.dead_letters, []
         if self.dead is not None:
-            self.dead(pd.DataFrame([r for r, _ in got]), [why for _, why in got])
+            self.dead.add(self.stage.name, pd.DataFrame([r for r, _ in got]), [why for _, why in got])
 
     def rows_due(self, batch, t0: float, sent: int, per_instance: float) -> int:
         """How many of ``batch``'s first rows are due by now: by their event time mapped to

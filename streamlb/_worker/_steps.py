@@ -81,6 +81,8 @@ class StepRunner:
                 self.sinks.append(step.target, x)
             case "parquet_sink":
                 self.sinks.write_parquet(step.path, x)
+            case "kafka_sink":
+                self.sinks.write_kafka(step, x)
             case "exchange":
                 await self.exchange(step.target, x, emitted)
             case "watermark":
