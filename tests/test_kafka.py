@@ -357,3 +357,12 @@ def test_a_savepoint_restores_at_another_source_parallelism(two_workers, kafka, 
         assert job.summary()["records"] == len(second)      # only what came after the savepoint
     finally:
         job.stop()
+
+
+def test_a_topic_that_does_not_exist_fails_the_job_naming_it(two_workers, kafka):
+    topic = topic_name("missing")
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, until="end")
+    _totals(src)
+    with pytest.raises(Exception, match=f"Kafka topic '{topic}' does not exist at {kafka.bootstrap}"):
+        with streamlb.run(src, client=two_workers, balancer="static") as job:
+            job.wait(timeout=60)

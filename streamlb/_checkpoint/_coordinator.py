@@ -321,7 +321,7 @@ class Checkpointer:
                 keep.append((k, cid, actor))
                 continue
             self.stage_outputs(ack.get("segment"), label=cid)
-            actor.forget_checkpoint(cid)
+            actor.forget_checkpoint(cid, False)     # given up: its outputs wait for a complete one
         self.late = [] if wait else keep
 
     def discard_outputs(self) -> int:

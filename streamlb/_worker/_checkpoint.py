@@ -280,13 +280,16 @@ class Checkpointed:
                 "main": [(repr(t.get_coro())[:60], t.done()) for t in self.tasks.main],
                 "owner_waiting": self.owner.waiting, "unarmed": bool(self.owner.unarmed)}
 
-    async def forget_checkpoint(self, cid: int) -> None:
-        """Checkpoint ``cid`` is complete (or its late outputs were collected): a source
-        tells its reader where it stood (Kafka commits those offsets to the user's group)."""
+    async def forget_checkpoint(self, cid: int, complete: bool = True) -> None:
+        """The driver is done with checkpoint ``cid``: it is complete (Kafka sinks commit the
+        rows before its barrier; a source tells its reader where it stood), or, not
+        ``complete``, it was given up and its late outputs collected (they wait for the next
+        complete one)."""
         self.ckpt.acks.pop(cid, None)
-        self.sinks.completed(cid)
-        if self.source is not None:
-            self.source.completed(cid)
+        if complete:
+            self.sinks.completed(cid)
+            if self.source is not None:
+                self.source.completed(cid)
 
     async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
         """Install the state of key groups ``groups`` from a checkpoint (read off the event
