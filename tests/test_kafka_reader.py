@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from kafka_broker import topic_name
+from test_kafka_broker import transactions
 from streamlb._sources import Split
 from streamlb._sources._kafka import KafkaReader
 from streamlb.exceptions import PipelineError
@@ -156,17 +157,7 @@ def test_a_decode_function_that_raises_spares_the_other_values(kafka):
 
 def test_transactional_topic_read_whole_with_offset_gaps(kafka):
     t = kafka.create_topic(topic_name(), 1)
-    p = kafka.producer(**{"transactional.id": topic_name("tx")})
-    p.init_transactions(10)
-    for values, commit in [([b"a0", b"a1", b"a2"], True), ([b"x0", b"x1"], False), ([b"b0", b"b1", b"b2"], True)]:
-        p.begin_transaction()
-        for v in values:
-            p.produce(t, v, partition=0)
-        if commit:
-            p.commit_transaction(10)
-        else:
-            p.flush(10)
-            p.abort_transaction(10)
+    transactions(kafka, t, same_producer=True)
     # a0 a1 a2 | marker 3 | x0 x1 (aborted) | marker 6 | b0 b1 b2 (7-9) | marker 10
     reader = opened(make_stage(kafka, t, batch_size=2))
     batches = drain(reader)

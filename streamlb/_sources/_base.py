@@ -150,7 +150,8 @@ class SplitReader(ABC):
         if frame is None:
             self._ended.add(split_id)
             return None
-        self._read[split_id] = self.advance(self._read[split_id], len(frame), frame)
+        if len(frame):
+            self._taken(split_id, frame)
         return frame
 
     def poll(self) -> SplitBatch | None:
@@ -164,18 +165,27 @@ class SplitReader(ABC):
             frame = self.read(s)
             if frame is None:
                 self._ended.add(s)
-            else:
+            elif len(frame):
                 self._ahead[s] = frame
         if not self._ahead:
-            return None
+            return self._nothing_yet()
         if self.event_time:
             col = self.event_time
             s = min(self._ahead, key=lambda name: (event_second(self._ahead[name][col].iloc[0]), name))
         else:
             s = min(self._ahead, key=lambda name: (self.progress(name), name))
         frame = self._ahead.pop(s)
-        self._read[s] = self.advance(self._read[s], len(frame), frame)
+        self._taken(s, frame)
         return SplitBatch(s, frame)
+
+    def _nothing_yet(self) -> SplitBatch | None:
+        """What :meth:`poll` hands out when no split has rows: None (every split ended)
+        for a bounded source; a live one returns an empty batch while splits are open."""
+        return None
+
+    def _taken(self, split_id: str, frame: pd.DataFrame) -> None:
+        """``frame`` of split ``split_id`` is handed out: the split's position moves past it."""
+        self._read = {**self._read, split_id: self.advance(self._read[split_id], len(frame), frame)}
 
     def snapshot(self) -> list[Split]:
         """Every open split at the position of the batches handed out."""

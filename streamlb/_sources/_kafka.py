@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import PipelineError
-from ._base import Split, SplitBatch, SplitReader, event_second
+from ._base import Split, SplitBatch, SplitReader
 from ._kafka_decode import _decoded, _json_rows
 
 logger = logging.getLogger("streamlb.sources.kafka")
@@ -382,46 +382,22 @@ class KafkaReader(SplitReader):
         splits that have records (offsets of two partitions say nothing of each other)."""
         return self._served.get(split_id, -np.inf)
 
-    def fetch(self, split_id: str) -> pd.DataFrame | None:
-        frame = self.read(split_id)
-        if frame is None:
-            self._ended.add(split_id)
-            return None
-        self._handed_out(split_id, frame)
-        return frame
-
     def poll(self) -> SplitBatch | None:
-        """The next batch, tagged by its split (as :meth:`SplitReader.poll`); a batch with no
-        rows when no open split has any yet, so an unbounded source returns None never.
-
-        Unbounded, it also looks for partitions added to the topic (every
-        ``discovery_interval`` s) and opens those it owns in a poll that hands out an empty
-        batch, so the runtime knows of them before any of their records goes out."""
+        """As :meth:`SplitReader.poll`; unbounded, it also looks for partitions added to the
+        topic (every ``discovery_interval`` s) and opens those it owns in a poll that hands
+        out an empty batch, so the runtime knows of them before any of their records goes out."""
         if self.opts.until is None and (new := self.new_splits()):
             self.add_splits(new)
             return SplitBatch(new[0].split_id, self._empty.copy())
-        live = [s for s in self._read if s not in self._ended]
-        for s in [s for s in live if s not in self._ahead]:
-            frame = self.read(s)
-            if frame is None:
-                self._ended.add(s)
-            elif len(frame):
-                self._ahead[s] = frame
-        if not self._ahead:
-            waiting = [s for s in self._read if s not in self._ended]
-            return SplitBatch(waiting[0], self._empty.copy()) if waiting else None
-        if self.event_time:
-            col = self.event_time
-            s = min(self._ahead, key=lambda name: (event_second(self._ahead[name][col].iloc[0]), name))
-        else:
-            s = min(self._ahead, key=lambda name: (self.progress(name), name))
-        frame = self._ahead.pop(s)
-        self._handed_out(s, frame)
-        return SplitBatch(s, frame)
+        return super().poll()
 
-    def _handed_out(self, split_id: str, frame: pd.DataFrame) -> None:
-        if len(frame):
-            self._read = {**self._read, split_id: self.advance(self._read[split_id], len(frame), frame)}
+    def _nothing_yet(self) -> SplitBatch | None:
+        """No open split has records now: an empty batch (a live source), None once all ended."""
+        waiting = [s for s in self._read if s not in self._ended]
+        return SplitBatch(waiting[0], self._empty.copy()) if waiting else None
+
+    def _taken(self, split_id: str, frame: pd.DataFrame) -> None:
+        super()._taken(split_id, frame)
         self._served[split_id] = time.monotonic()
 
     # -- the consumer group and the end --------------------------------------------------------
