@@ -193,8 +193,13 @@ class KafkaReader(SplitReader):
         have passed since the last look-up."""
         if time.monotonic() - self._looked_at < self.discovery_interval:
             return []
-        new = [p for p in self._owned() if split_id(self.opts.topic, p) not in self._read]
-        starts = self._earliest(new)
+        try:
+            new = [p for p in self._owned() if split_id(self.opts.topic, p) not in self._read]
+            starts = self._earliest(new)
+        except ConnectionError as e:        # the broker is away for now (restarting): look again later
+            self._looked_at = time.monotonic()
+            logger.warning("%s", e)
+            return []
         return [Split(split_id(self.opts.topic, p), starts[p]) for p in new]
 
     def _owned(self) -> list[int]:
@@ -303,7 +308,8 @@ class KafkaReader(SplitReader):
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
-                if err.fatal() or not err.retriable():
+                away = err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+                if err.fatal() or not (err.retriable() or away):
                     raise RuntimeError(f"Kafka source of topic {topic!r} at {self.opts.bootstrap}, "
                                        f"partition {m.partition()}: {err.str()}")
                 logger.warning("Kafka topic %r partition %s: %s (retrying)", topic, m.partition(), err.str())

@@ -30,6 +30,7 @@ logger = logging.getLogger("streamlb.sinks.kafka")
 SLOTS = 4               # producers per instance: one taking rows, the others awaiting commit
 COMMIT_EVERY = 1.0      # s between commits without checkpoints
 TIMEOUT = 30.0          # s for the broker's answers (init, commit, abort, flush)
+RETRIES = 5             # rewrites of a transaction the broker may have lost
 
 
 def encoded(df: pd.DataFrame, encode, where: str) -> list:
@@ -53,25 +54,55 @@ def encoded(df: pd.DataFrame, encode, where: str) -> list:
 
 
 class _Topic:
-    """The producers of one ``to_kafka_topic`` in one instance."""
+    """The producers of one ``to_kafka_topic`` in one instance.
+
+    Each transaction's messages are kept until it commits. A transaction during which a
+    producer lost its broker connection, or had a fatal error (a broker that restarted and
+    forgot the producer's sequence numbers), is suspect: before it would commit, a new
+    producer with the same transactional id fences it (its ``init_transactions`` aborts
+    it) and writes its messages again in a new transaction.
+    """
 
     def __init__(self, step, prefix: str, checkpointed) -> None:
-        from confluent_kafka import Producer
-
         self.opts = step.kwargs        # topic, producer_config, key, encode
         self._checkpointed = checkpointed     # () -> whether the job checkpoints (known later)
         self.where = f"to_kafka_topic({self.opts['topic']!r})"
-        base = {"linger.ms": 5, **self.opts["producer_config"]}
-        self.producers = []
+        self._base = {"linger.ms": 5, **self.opts["producer_config"]}
+        self._prefix = prefix
+        self.kept: list[list] = [[] for _ in range(SLOTS)]      # per slot: (values, keys) written
+        self.suspect: set[int] = set()      # slots whose producer lost its connection in a transaction
+        self.producers: list = [None] * SLOTS
         for slot in range(SLOTS):
-            p = Producer({**base, "transactional.id": f"{prefix}-s{slot}"})
-            p.init_transactions(TIMEOUT)     # aborts what an earlier holder of this id left open
-            self.producers.append(p)
+            self._renew(slot)
         self.current: int | None = None      # slot with an open transaction taking rows
         self.began = 0.0
         self.pending: dict[int, list[int]] = {}   # checkpoint id -> slots flushed, to commit
 
+    def _renew(self, slot: int) -> None:
+        """A new producer for ``slot``; its ``init_transactions`` fences the one before (and
+        aborts what an earlier holder of the id left open)."""
+        from confluent_kafka import Producer
+
+        p = Producer({**self._base, "transactional.id": f"{self._prefix}-s{slot}",
+                      "error_cb": self._on_error(slot, self._base.get("error_cb"))})
+        p.init_transactions(TIMEOUT)
+        self.producers[slot] = p
+
+    def _on_error(self, slot: int, user_cb):
+        from confluent_kafka import KafkaError
+
+        lost = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+
+        def on_error(err) -> None:
+            if err.code() in lost or err.fatal():
+                self.suspect.add(slot)
+            if user_cb is not None:
+                user_cb(err)
+        return on_error
+
     def write(self, df: pd.DataFrame) -> None:
+        from confluent_kafka import KafkaException
+
         if not isinstance(df, pd.DataFrame):
             raise PipelineError(f"{self.where} got {type(df).__name__}; it writes DataFrames")
         o = self.opts
@@ -84,7 +115,29 @@ class _Topic:
             keys = [None if k is None or (isinstance(k, float) and np.isnan(k)) else
                     (k if isinstance(k, bytes) else str(k).encode()) for k in df[o["key"]].tolist()]
         p = self._open()
-        topic = o["topic"]
+        self.kept[self.current].append((values, keys))
+        try:
+            self._produce(p, values, keys)
+        except KafkaException as e:
+            if not self._failed(self.current, e):
+                raise
+            self._redo(self.current, f"its producer failed ({e.args[0].str()})")
+        if not self._checkpointed() and time.monotonic() - self.began > COMMIT_EVERY:
+            self._commit(self.current)
+            self.current = None
+
+    def _failed(self, slot: int, e: Exception) -> bool:
+        """Whether ``e`` is a fatal error of slot's producer (its transaction is then suspect)."""
+        from confluent_kafka import KafkaError
+
+        err = e.args[0] if e.args else None
+        if isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL):
+            self.suspect.add(slot)
+            return True
+        return False
+
+    def _produce(self, p, values: list, keys: list) -> None:
+        topic = self.opts["topic"]
         for v, k in zip(values, keys):
             while True:
                 try:
@@ -93,9 +146,6 @@ class _Topic:
                 except BufferError:         # the local queue is full: let it drain
                     p.poll(0.05)
         p.poll(0)
-        if not self._checkpointed() and time.monotonic() - self.began > COMMIT_EVERY:
-            self._commit(self.current)
-            self.current = None
 
     def _open(self):
         if self.current is None:
@@ -109,17 +159,74 @@ class _Topic:
                     self._commit(s)
                 free = [s for s in range(SLOTS) if s not in {x for v in self.pending.values() for x in v}]
             self.current = free[0]
-            self.producers[self.current].begin_transaction()
+            self._begin(self.current)
             self.began = time.monotonic()
         return self.producers[self.current]
 
+    def _begin(self, slot: int) -> None:
+        self.producers[slot].poll(0)        # connection losses before this transaction do not count
+        self.suspect.discard(slot)
+        self.producers[slot].begin_transaction()
+
     def _commit(self, slot: int) -> None:
-        self.producers[slot].commit_transaction(TIMEOUT)
+        """Commit slot's transaction; a suspect one (or one the broker refuses as abortable)
+        is aborted and written again first, up to ``RETRIES`` times."""
+        from confluent_kafka import KafkaException
+
+        for attempt in range(RETRIES + 1):
+            p = self.producers[slot]         # (a new one after a rewrite)
+            p.poll(0)                        # runs the error callbacks: is it suspect?
+            try:
+                if slot not in self.suspect:
+                    p.commit_transaction(TIMEOUT)
+                    self.kept[slot] = []
+                    return
+                why = "its producer lost the broker connection during the transaction"
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if err is None or attempt == RETRIES or not (err.txn_requires_abort() or err.retriable()
+                                                             or err.fatal()):
+                    raise
+                if err.retriable() and not err.txn_requires_abort():
+                    continue                 # the commit itself is retried
+                why = f"the broker refused its commit ({err.str()})"
+            if attempt == RETRIES:
+                break
+            if attempt:
+                time.sleep(0.5 * 2 ** (attempt - 1))      # the broker may still be on its way back
+            self._redo(slot, why)
+        raise PipelineError(f"{self.where}: could not commit a transaction of {sum(len(v) for v, _ in self.kept[slot])} "
+                            f"messages after {RETRIES} retries ({why}); bootstrap.servers="
+                            f"{self.opts['producer_config'].get('bootstrap.servers')!r}")
+
+    def _redo(self, slot: int, why: str) -> None:
+        """Write slot's kept messages again in a new transaction, of a new producer: its
+        ``init_transactions`` aborts the suspect one (a producer after a fatal error could
+        not go on anyway)."""
+        from confluent_kafka import KafkaException
+
+        n = sum(len(v) for v, _ in self.kept[slot])
+        logger.warning("%s: writing a transaction of %d messages again: %s", self.where, n, why)
+        try:
+            self._renew(slot)
+            p = self.producers[slot]
+            self._begin(slot)
+            for values, keys in self.kept[slot]:
+                self._produce(p, values, keys)
+            p.flush(TIMEOUT)
+        except KafkaException as e:          # still suspect: the caller tries again
+            self._failed(slot, e)
+            self.suspect.add(slot)
+            logger.warning("%s: the rewrite failed: %s", self.where, e)
 
     def seal(self, cid: int) -> None:
         """Checkpoint ``cid``'s barrier passed: its rows are flushed, committed once it completes."""
         if self.current is not None:
-            self.producers[self.current].flush(TIMEOUT)
+            try:
+                self.producers[self.current].flush(TIMEOUT)
+            except Exception as e:          # its commit writes it again
+                if not self._failed(self.current, e):
+                    raise
             self.pending.setdefault(cid, []).append(self.current)
             self.current = None
 
@@ -144,6 +251,7 @@ class _Topic:
                 self.producers[s].abort_transaction(TIMEOUT)
             except Exception as e:         # the broker is gone: it aborts on its own timeout
                 logger.info("%s: could not abort a transaction: %s", self.where, e)
+            self.kept[s] = []
         self.pending.clear()
         self.current = None
 
