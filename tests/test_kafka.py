@@ -439,3 +439,48 @@ def test_exact_across_a_broker_restart(two_workers, tmp_path):
         assert len(got) > len(df) // 2
     finally:
         broker.close()
+
+
+def test_watermarks_per_partition_with_an_idle_one(two_workers, kafka):
+    """One source instance reads four partitions at different paces (partition 0 holds ten
+    times the records of the others per second of event time; partition 3 stops at 20 s):
+    its watermark is the minimum over the non-idle partitions, so partition 0's records are
+    not late when the others are read ahead, and partition 3 going idle does not hold the
+    windows back. Windows exact against pandas; nothing late."""
+    from windowing import S, check, emitted, expected
+
+    rng = np.random.default_rng(23)
+    parts = []
+    for p, (n, until) in enumerate([(40_000, 100), (4_000, 100), (4_000, 100), (800, 20)]):
+        t = np.sort(rng.uniform(0, until, n)) + rng.uniform(-1, 0, n)      # disorder under 1 s
+        parts.append(pd.DataFrame({"key": rng.integers(0, 10, n), "value": rng.integers(0, 100, n),
+                                   "ms": np.maximum(t, 0) * 1000 // 1, "p": p}).astype({"ms": np.int64}))
+    df = pd.concat(parts, ignore_index=True)
+    topic = kafka.create_topic(topic_name("wm"), partitions=4)
+    kafka.produce(topic, _json_values(df.drop(columns="p")), partition=df.p.tolist())
+    src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest",
+                                  parallelism=1, batch_size=500)
+    op = src.with_watermark("ms", delay="1s", idle_timeout="1s", unit="ms") \
+        .key_by("key").window(size="10s").aggregate({"n": ("value", "count"), "total": ("value", "sum")},
+                                                    name="w")
+    out, late = [], []
+    op.sink(out.append)
+    op.late().sink(late.append)
+    frame = df.assign(event_time=pd.to_datetime(df.ms, unit="ms"))
+    want = expected(frame, "tumbling", size=10 * S, slide=10 * S)
+    want = want[want.we <= 90 * S].reset_index(drop=True)     # the watermark passes 90 s, not 100 s
+    job = streamlb.run(src, client=two_workers, balancer="static")
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and (not out or emitted(out).we.max() < 90_000):     # (ms)
+            job.offsets()               # a poll: brings the sink's batches to the driver
+            time.sleep(0.2)
+        time.sleep(1.0)                 # nothing more may fire while the job runs
+        job.offsets()
+        assert job.status == "running"
+        got = emitted(out)
+        got[["ws", "we"]] *= 1_000_000      # windows of an integer column: in its unit (ms)
+    finally:
+        job.stop()
+    assert not late, f"{sum(map(len, late))} records late"
+    check(got, want)

@@ -48,6 +48,7 @@ OFFSET_RULES = ("committed", "earliest", "latest")
 UNTIL = (None, "end")
 DECODERS = "None, 'json' or a callable(list[bytes]) -> DataFrame"
 POLL_TIMEOUT = 0.1          # s a read waits for records
+STARVED_CAP = 32            # batches per partition held at most, to reach a partition left behind
 REQUEST_TIMEOUT = 10.0      # s for metadata and offset look-ups
 META = ("kafka_key", "kafka_partition", "kafka_offset", "kafka_timestamp")
 
@@ -292,11 +293,27 @@ class KafkaReader(SplitReader):
         if not self._buffers[p]:
             if self._at_end(p):
                 return None
-            if sum(map(len, self._buffers.values())) < self.opts.batch_size * len(self._buffers):
+            held = sum(map(len, self._buffers.values()))
+            if held < self.opts.batch_size * len(self._buffers) or \
+                    (held < STARVED_CAP * self.opts.batch_size * len(self._buffers) and self._behind(p)):
                 self._consume()
             if not self._buffers[p] and self._at_end(p):
                 return None
         return self._batch(p)
+
+    def _behind(self, p: int) -> bool:
+        """Partition ``p`` has records at the broker that are not read yet (as far as the
+        consumer's last fetch responses tell): its records may wait in the consumer's queue
+        behind another partition's (a broker answers a fetch with as much of one partition
+        as its limits allow), so the reader takes from that queue even with much buffered,
+        rather than leave ``p`` behind and, for the watermark, idle."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            high = self._consumer.get_watermark_offsets(TopicPartition(self.opts.topic, p), cached=True)[1]
+        except Exception:       # noqa: BLE001 - no fetch answer yet: it may well have records
+            return True
+        return high < 0 or self._fetched[p] < high
 
     def _consume(self) -> None:
         """One ``consume`` call; its records wait by partition."""
