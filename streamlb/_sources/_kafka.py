@@ -40,7 +40,7 @@ import pandas as pd
 
 from ..exceptions import PipelineError
 from ._base import Split, SplitBatch, SplitReader
-from ._kafka_decode import _decoded, _json_rows
+from ._kafka_decode import Held, _decoded, _json_rows, no_collection
 
 logger = logging.getLogger("streamlb.sources.kafka")
 
@@ -162,7 +162,7 @@ class KafkaReader(SplitReader):
             conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
         self._closed = False
-        self._buffers: dict[int, list] = {}     # partition -> records consumed, not handed out
+        self._buffers: dict[int, Held] = {}     # partition -> records consumed, not handed out
         self._fetched: dict[int, int] = {}      # partition -> the consumer's position in it
         self._ends: dict[int, int] = {}         # partition -> its end offset (until="end")
         self._assigned: set[int] = set()        # partitions the consumer fetches
@@ -258,7 +258,7 @@ class KafkaReader(SplitReader):
         from confluent_kafka import TopicPartition
 
         p = self._partition(split.split_id)
-        self._buffers[p], self._fetched[p] = [], int(split.position)
+        self._buffers[p], self._fetched[p] = Held(), int(split.position)
         if self.opts.until == "end":
             self._ends[p] = self._watermarks(p)[1]
         self._consumer.incremental_assign([TopicPartition(self.opts.topic, p, int(split.position))])
@@ -299,7 +299,8 @@ class KafkaReader(SplitReader):
                 self._consume()
             if not self._buffers[p] and self._at_end(p):
                 return None
-        return self._batch(p)
+        with no_collection():
+            return self._batch(p)
 
     def _behind(self, p: int) -> bool:
         """Partition ``p`` has records at the broker that are not read yet (as far as the
@@ -317,27 +318,17 @@ class KafkaReader(SplitReader):
 
     def _consume(self) -> None:
         """One ``consume`` call; its records wait by partition."""
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import TopicPartition
 
         topic = self.opts.topic
-        for m in self._consumer.consume(self.opts.batch_size, POLL_TIMEOUT):
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                away = err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
-                if err.fatal() or not (err.retriable() or away):
-                    raise RuntimeError(f"Kafka source of topic {topic!r} at {self.opts.bootstrap}, "
-                                       f"partition {m.partition()}: {err.str()}")
-                logger.warning("Kafka topic %r partition %s: %s (retrying)", topic, m.partition(), err.str())
-                continue
-            p, off = m.partition(), m.offset()
-            # records of a split closed meanwhile, or delivered twice, are dropped
-            if p not in self._buffers or off < self._fetched[p]:
-                continue
-            self._fetched[p] = off + 1
-            if p not in self._ends or off < self._ends[p]:
-                self._buffers[p].append(m)
+        with no_collection():
+            msgs = self._consumer.consume(self.opts.batch_size, POLL_TIMEOUT)
+            errors = [m.error() for m in msgs]
+            if any(e is not None for e in errors):
+                msgs = [m for m, e in zip(msgs, errors) if e is None or self._read_error(m, e)]
+            if msgs:
+                self._keep(msgs)
+            del msgs
         # the position also moves past transaction markers and aborted records
         if not self._assigned:
             return
@@ -349,16 +340,48 @@ class KafkaReader(SplitReader):
             self._consumer.incremental_unassign([TopicPartition(topic, p) for p in done])
             self._assigned.difference_update(done)
 
+    def _read_error(self, m, err) -> bool:
+        """False for an error the consumer retries on its own (logged); raises the others."""
+        from confluent_kafka import KafkaError
+
+        if err.code() == KafkaError._PARTITION_EOF:
+            return False
+        away = err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+        if err.fatal() or not (err.retriable() or away):
+            raise RuntimeError(f"Kafka source of topic {self.opts.topic!r} at {self.opts.bootstrap}, "
+                               f"partition {m.partition()}: {err.str()}")
+        logger.warning("Kafka topic %r partition %s: %s (retrying)", self.opts.topic, m.partition(), err.str())
+        return False
+
+    def _keep(self, msgs: list) -> None:
+        """Put records in their partitions' buffers, in runs of one partition; records of a
+        split closed meanwhile, delivered twice, or past an end offset are dropped."""
+        parts = np.array([m.partition() for m in msgs], np.int64)
+        offs = np.array([m.offset() for m in msgs], np.int64)
+        cuts = [0, *(np.flatnonzero(parts[1:] != parts[:-1]) + 1).tolist(), len(msgs)]
+        for i, j in zip(cuts, cuts[1:]):
+            p = int(parts[i])
+            if p not in self._buffers:
+                continue
+            run = offs[i:j]
+            before = np.maximum.accumulate(np.concatenate([[self._fetched[p] - 1], run[:-1]]))
+            new = run > before
+            if not new.any():
+                continue
+            self._fetched[p] = max(self._fetched[p], int(run.max()) + 1)
+            if p in self._ends:
+                new &= run < self._ends[p]
+            take = np.flatnonzero(new)
+            got = msgs[i:j] if len(take) == j - i else [msgs[i + k] for k in take.tolist()]
+            self._buffers[p].extend([m.value() for m in got], [m.key() for m in got],
+                                    [m.timestamp()[1] for m in got], run[take].tolist())
+
     def _batch(self, p: int) -> pd.DataFrame:
         """The next batch waiting of partition ``p`` (empty: none), decoded."""
-        buf = self._buffers[p]
-        records, self._buffers[p] = buf[:self.opts.batch_size], buf[self.opts.batch_size:]
-        if not records:
+        values, keys, stamps, offsets = self._buffers[p].take(self.opts.batch_size)
+        if not values:
             return self._empty.copy()
-        n = len(records)
-        offsets = np.fromiter((m.offset() for m in records), np.int64, n)
-        stamps = np.fromiter((m.timestamp()[1] for m in records), np.int64, n)
-        frame = self._frame([m.key() for m in records], p, [m.value() for m in records], offsets, stamps)
+        frame = self._frame(keys, p, values, np.array(offsets, np.int64), np.array(stamps, np.int64))
         if len(frame):
             self._empty = frame.iloc[:0]
         return frame
@@ -366,11 +389,11 @@ class KafkaReader(SplitReader):
     def _frame(self, keys: list, p: int, values: list, offsets: np.ndarray, stamps: np.ndarray) -> pd.DataFrame:
         """Records as a batch: the decoded values that decode, with the kafka_* columns."""
         decode = self.opts.decode
+        keep = None
         if decode is None:
-            data, keep = pd.DataFrame({"value": pd.Series(values, dtype=object)}), None
+            data = {"value": pd.Series(values, dtype=object)}
         else:
             data, failed = (_json_rows(values) if decode == "json" else _decoded(decode, values))
-            keep = None
             if failed:
                 for i, reason in failed:
                     self._dead(p, int(offsets[i]), keys[i], values[i], int(stamps[i]), reason)
@@ -379,11 +402,12 @@ class KafkaReader(SplitReader):
             keys, offsets, stamps = [keys[i] for i in keep], offsets[keep], stamps[keep]
         times = stamps.astype("datetime64[ms]")
         times[stamps < 0] = np.datetime64("NaT")
-        meta = pd.DataFrame({"kafka_key": pd.Series(keys, dtype=object),
-                             "kafka_partition": np.full(len(offsets), p, np.int32),
-                             "kafka_offset": offsets, "kafka_timestamp": times})
+        meta = {"kafka_key": pd.Series(keys, dtype=object), "kafka_partition": np.full(len(offsets), p, np.int32),
+                "kafka_offset": offsets, "kafka_timestamp": times}
+        if isinstance(data, dict):          # columns as lists: one frame of them all
+            return pd.DataFrame({**meta, **{c: v for c, v in data.items() if c not in META}})
         data = data.drop(columns=[c for c in META if c in data.columns]).reset_index(drop=True)
-        return pd.concat([meta, data], axis=1)
+        return pd.concat([pd.DataFrame(meta), data], axis=1)
 
     def _dead(self, p: int, offset: int, key, value, stamp: int, reason: str) -> None:
         record = {"value": value, "kafka_key": key, "kafka_partition": p, "kafka_offset": offset,
