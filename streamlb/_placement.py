@@ -94,6 +94,16 @@ def hot_keys_for(balancer: str | None, options: dict | None) -> int:
     return 0
 
 
+def combine_for(st: Stage) -> tuple | None:
+    """What the routers into ``st`` sum per key before sending (``ExchangeSpec.combine``):
+    for a keyed aggregate without emulated cost, unless ``exchange.combine`` is off."""
+    from ._worker._combine import tables_for
+
+    if st.kind != "aggregate" or st.exchange != "keyed" or st.cost is not None or not config.get("exchange.combine"):
+        return None
+    return tables_for(st.spec)
+
+
 def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0) -> dict:
     """How records reach each stage that is not a source: stage id -> ``ExchangeSpec``; for
     the right side of a join, ``(stage id, 1)`` -> the spec of its key."""
@@ -104,7 +114,7 @@ def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0
         if st.is_source:
             continue
         out[st.id] = ExchangeSpec(st.exchange, st.name, st.key, st.key_name, balanced, st.shuffle,
-                                  hot_keys if st.splittable else 0)
+                                  hot_keys if st.splittable else 0, combine_for(st))
         if st.join is not None:
             out[(st.id, 1)] = ExchangeSpec(st.exchange, st.name, st.keys[1], st.join["key_names"][1], balanced)
     return out

@@ -24,6 +24,7 @@ from ..keygroups import assign_to_key_group
 from ..planner import Step
 from ..routing import RoutingTable
 from ._channels import OutChannel
+from ._combine import RECORDS, combined
 from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
 from ._steps import DeadLetters, call_user
 
@@ -246,8 +247,15 @@ class KeyedRouter(_Exchange):
         return x, keys
 
     async def _route(self, x: pd.DataFrame, keys: np.ndarray, emitted: float) -> None:
-        groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name, dtype=self.group_dtype)
         table = self.table
+        weights = None                      # records per row, of a combined batch
+        if self.hot is not None:
+            self.hot.add(keys)
+        if self.spec.combine is not None and not table.splits and self.prefetch is None:
+            c = combined(x, keys, self.spec.key_name, self.spec.combine)
+            if c is not None:
+                x, keys, weights = c, c[self.spec.key_name].to_numpy(), c[RECORDS].to_numpy()
+        groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name, dtype=self.group_dtype)
         partial = None
         if table.splits:
             dest, partial = table.spread(keys, groups, self.spread_at)
@@ -255,8 +263,6 @@ class KeyedRouter(_Exchange):
                 partial = None
         else:
             dest = table.route(groups)
-        if self.hot is not None:
-            self.hot.add(keys)
         pf = self.prefetch
         if pf is not None:
             for src, to, k, g, request in pf.requests(keys, groups, dest):
@@ -267,8 +273,9 @@ class KeyedRouter(_Exchange):
         if self.counts is not None:
             # the balancer's load per key group is counted here, where groups are known, and
             # the records sent to each instance by the table in force for each batch
-            self.counts += np.bincount(groups, minlength=self.key_groups)
-            self.routed = _add(self.routed, np.bincount(dest, minlength=self.table.parallelism))
+            self.counts += np.bincount(groups, weights, minlength=self.key_groups).astype(np.int64, copy=False)
+            self.routed = _add(self.routed, np.bincount(dest, weights, minlength=self.table.parallelism)
+                               .astype(np.int64, copy=False))
         if len(self.chans) == 1:             # every row goes to the one instance
             (ch,) = self.chans.values()
             await ch.send(Batch(x, emitted, groups))

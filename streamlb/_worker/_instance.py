@@ -25,6 +25,7 @@ from ..planner import SENDERS, Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._checkpoint import Checkpointed, CheckpointSide
+from ._combine import records_of
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
@@ -317,7 +318,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
 
     async def _apply(self, frame, groups, emitted: float, firsts=None) -> None:
         await self.op.on_batch(frame, groups, emitted)
-        self.records_in += len(frame)
+        self.records_in += records_of(frame)
         self.owner.applied(len(frame), firsts)
 
     def _can_finish(self) -> bool:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import _shuffle
 from ..exceptions import PipelineError
+from ._combine import RECORDS, blob_of, records_of
 from ._messages import Partial
 
 
@@ -45,7 +46,7 @@ class OperatorLogic:
         """Apply a batch, wait out its emulated cost, run the fused steps on what it emits
         and account it to the load window."""
         ctx = self.ctx
-        n = len(frame)
+        n = records_of(frame)
         ctx.meter.blocked = 0.0
         t1 = time.perf_counter()
         frame, groups = self.accept(frame, groups)
@@ -154,6 +155,8 @@ class Aggregate(_Keyed):
 
     def accept(self, frame: pd.DataFrame, groups):
         """Rows whose summed columns are not numbers go to the dead letters."""
+        if RECORDS in frame.columns:        # combined by the router (numbers only)
+            return frame, groups
         cleaned, bad, reasons = self.store.clean(frame)
         if bad is None:
             return cleaned, groups
@@ -161,8 +164,14 @@ class Aggregate(_Keyed):
         return cleaned[~bad], (groups[~bad] if groups is not None else None)
 
     def output(self, frame: pd.DataFrame, groups) -> pd.DataFrame | None:
-        touched = self.store.update(frame, groups)
-        return self.store.frame(touched) if self.stage.children else None
+        st = self.store
+        if RECORDS in frame.columns:
+            if groups is None:
+                groups = st._groups_of(frame[st.key_name].to_numpy())
+            touched = st.combine(blob_of(frame, groups, st.key_name, st.inputs, st.dtypes))
+        else:
+            touched = st.update(frame, groups)
+        return st.frame(touched) if self.stage.children else None
 
     async def on_partials(self, partials, emitted: float) -> int:
         """Helper: aggregate the rows of split keys routed here, ``(home, rows, groups)``,

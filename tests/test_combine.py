@@ -1,0 +1,85 @@
+"""Map-side combining (streamlb/_worker/_combine.py): a keyed exchange into an aggregate
+sends each batch summed per key. The state is the same as row by row, exact against pandas,
+and what counts records still counts every record."""
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from streamlb._state._aggregate import AggregateState
+from streamlb._worker._combine import RECORDS, blob_of, combined, records_of, tables_for
+from streamlb.keygroups import assign_to_key_group
+
+from test_migration import _count_hashed_rows
+
+SPEC = {"n": ("v", "count"), "total": ("v", "sum"), "avg": ("v", "mean"), "lo": ("i", "min"),
+        "hi": ("i", "max"), "flag": ("b", "sum"), "fmax": ("v", "max")}
+
+
+def _frame(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=n).round(3)
+    v[rng.random(n) < 0.1] = np.nan                 # nulls: not counted, not summed
+    return pd.DataFrame({"key": rng.zipf(1.3, n) % 500, "v": v, "i": rng.integers(-10**12, 10**12, n),
+                         "b": rng.random(n) < 0.5})
+
+
+def _truth(df: pd.DataFrame) -> pd.DataFrame:
+    return df.groupby("key").agg(**{k: (c, how) for k, (c, how) in SPEC.items()})
+
+
+def test_a_combined_batch_merges_into_the_same_state_as_its_rows():
+    df = _frame(20_000, seed=1)
+    groups = assign_to_key_group(df.key.to_numpy(), 64)
+    rows, comb = AggregateState("op", SPEC, "key", 64), AggregateState("op", SPEC, "key", 64)
+    half = len(df) // 2
+    for part, g in ((df.iloc[:half], groups[:half]), (df.iloc[half:], groups[half:])):
+        rows.update(part, g)
+        c = combined(part, part.key.to_numpy(), "key", tables_for(SPEC))
+        assert c is not None and len(c) < len(part) and records_of(c) == len(part)
+        cg = assign_to_key_group(c.key.to_numpy(), 64)
+        comb.combine(blob_of(c, cg, "key", comb.inputs, comb.dtypes))
+    got, want = comb.frame().sort_index(), rows.frame().sort_index()
+    pd.testing.assert_frame_equal(got[["n", "lo", "hi", "flag"]], want[["n", "lo", "hi", "flag"]])
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
+    truth = _truth(df)
+    assert (got["lo"] == truth["lo"]).all() and (got["hi"] == truth["hi"]).all()    # int64, exact
+    assert (got["n"] == truth["n"]).all()
+
+
+def test_a_batch_is_not_combined_where_it_would_not_pay_or_not_apply():
+    spec = tables_for(SPEC)
+    distinct = pd.DataFrame({"key": np.arange(100), "v": 1.0, "i": 1, "b": True})
+    assert combined(distinct, distinct.key.to_numpy(), "key", spec) is None          # no repeats
+    text = pd.DataFrame({"key": [1, 1, 1], "v": ["1", "2", "x"], "i": 1, "b": True})
+    assert combined(text, text.key.to_numpy(), "key", spec) is None      # the owner dead-letters "x"
+    assert combined(text.drop(columns="i"), text.key.to_numpy(), "key", spec) is None
+    assert RECORDS not in distinct.columns and records_of(distinct) == 100
+
+
+@pytest.mark.parametrize("combine", [True, False], ids=["combined", "rows"])
+def test_a_job_is_exact_and_counts_every_record(two_workers, tmp_path, combine):
+    df = _frame(120_000, seed=2)
+    path = tmp_path / "in"
+    path.mkdir()
+    for i in range(4):
+        df.iloc[i::4].to_parquet(path / f"part-{i}.parquet")
+    src = Stream.from_parquet(str(path), batch_size=5_000)
+    src.key_by("key").aggregate(SPEC, name="totals")
+    two_workers.run(_count_hashed_rows, True)
+    with dask.config.set({"streamlb.exchange.combine": combine}), \
+            streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait(timeout=120)
+        got, metrics = job.state("totals"), job.metrics()
+    want = _truth(pd.concat([df.iloc[i::4] for i in range(4)]))
+    got = got.sort_index()[want.columns]
+    got.index = got.index.astype(np.int64)
+    pd.testing.assert_frame_equal(got[["n", "lo", "hi"]], want[["n", "lo", "hi"]], check_dtype=False)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, check_exact=False, rtol=1e-9)
+    assert metrics[metrics.operator == "totals"]["records"].sum() == len(df)
+    hashed = sum(two_workers.run(_count_hashed_rows, False).values())    # keys the router hashed
+    assert hashed < len(df) // 4 if combine else hashed == len(df)
