@@ -10,6 +10,8 @@ The runtime never imports this module: datasets are just files.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -29,6 +31,7 @@ __all__ = ["zipf", "nexmark", "spark_session", "check_java", "read_manifest"]
 _BLOCK = 1 << 16                 # rows per RNG block: randomness depends on the row id only
 _BASE_TIME = pd.Timestamp("2026-01-01T00:00:00")
 _STEP_US = 1000                  # one record per millisecond of event time
+_ARROW_BATCH = 4 * _BLOCK         # rows per mapInPandas batch while writing: each draws few blocks
 _session = None
 
 
@@ -145,15 +148,63 @@ def _zipf_cdf(keys: int, skew: float) -> np.ndarray:
     return cdf / cdf[-1]
 
 
-def zipf_keys(ids: np.ndarray, keys: int, skew: float, drift_every: int | None, seed: int) -> np.ndarray:
-    """The key of each row id: Zipf(skew) ranks mapped to key ids; hot set rotates with drift."""
+@functools.lru_cache(maxsize=1)
+def _zipf_table(keys: int, skew: float) -> tuple[np.ndarray, np.ndarray]:
+    """The Zipf CDF over ``keys`` ranks and a guide to it, built once per process (read-only).
+
+    ``guide[j]`` is ``searchsorted(cdf, j / G, "right")`` for ``G = len(guide) - 1``, a power
+    of two: the rank of a draw ``u`` lies in ``guide[floor(u * G)] .. guide[floor(u * G) + 1]``
+    (``u * G`` is exact), a few entries where a plain search of a large CDF would miss the
+    cache some 20 times per draw.
+    """
     cdf = _zipf_cdf(keys, skew)
-    ranks = _blocks(ids, seed, 1, lambda r, n: {"u": r.random(n)})["u"]
-    ranks = np.minimum(np.searchsorted(cdf, ranks, side="right"), keys - 1)
+    g = 1 << min(22, max(0, keys - 1).bit_length())
+    guide = np.searchsorted(cdf, np.arange(g + 1) / g, side="right")
+    for a in (cdf, guide):
+        a.flags.writeable = False
+    return cdf, guide
+
+
+def _zipf_ranks(u: np.ndarray, keys: int, skew: float) -> np.ndarray:
+    """``min(searchsorted(cdf, u, "right"), keys - 1)`` for draws ``u`` in [0, 1), through
+    the guide of :func:`_zipf_table`: a bisection of each draw's few candidate entries, run
+    on all draws at once and on fewer each step."""
+    cdf, guide = _zipf_table(keys, skew)
+    j = (u * (len(guide) - 1)).astype(np.int64)
+    lo, hi = guide[j], guide[j + 1]
+    todo = np.flatnonzero(lo < hi)
+    while todo.size:               # the rank is the count of cdf entries <= u, in lo..hi
+        l, h, x = lo[todo], hi[todo], u[todo]
+        mid = (l + h) >> 1
+        up = cdf[mid] <= x
+        lo[todo] = np.where(up, mid + 1, l)
+        hi[todo] = np.where(up, h, mid)
+        todo = todo[lo[todo] < hi[todo]]
+    return np.minimum(lo, keys - 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _key_permutation(keys: int, seed: int) -> np.ndarray:
+    """Key id of each Zipf rank, computed once per process (read-only; int32 when it fits)."""
+    perm = np.random.default_rng([seed, 0]).permutation(keys)
+    if keys <= np.iinfo(np.int32).max:
+        perm = perm.astype(np.int32)
+    perm.flags.writeable = False
+    return perm
+
+
+def zipf_keys(ids: np.ndarray, keys: int, skew: float, drift_every: int | None, seed: int) -> np.ndarray:
+    """The key of each row id: Zipf(skew) ranks mapped to key ids; hot set rotates with drift.
+
+    The CDF and the rank-to-key permutation (about 200 MB at 14M keys) are built once per
+    process and kept for the next call with the same ``keys``, ``skew`` and ``seed``, so each
+    Spark batch costs only its own rows.
+    """
+    u = _blocks(ids, seed, 1, lambda r, n: {"u": r.random(n)})["u"]
+    ranks = _zipf_ranks(u, int(keys), float(skew))
     if drift_every:
         ranks = (ranks + (ids // drift_every) * (keys // 3 + 7)) % keys
-    perm = np.random.default_rng([seed, 0]).permutation(keys)
-    return perm[ranks].astype(np.int64)
+    return _key_permutation(int(keys), int(seed))[ranks].astype(np.int64)
 
 
 def _check(path, rows, partitions, what: str = "rows") -> None:
@@ -216,11 +267,28 @@ def _write_parts(sdf, out: str, partitions: int, part_col: str, order: tuple, dr
                  progress: bool) -> None:
     """Write ``sdf`` as one directory ``<part_col>=<i>`` per partition, each file ordered by
     ``order``; ``drop`` is a helper column left out of the files."""
-    with _Progress(sdf.sparkSession, f"writing {os.path.basename(out)}", progress):
+    with _Progress(sdf.sparkSession, f"writing {os.path.basename(out)}", progress), \
+            _arrow_batches(sdf.sparkSession, _ARROW_BATCH):
         (sdf.repartition(partitions, part_col)
             .sortWithinPartitions(part_col, *order)
             .drop(drop)
             .write.mode("overwrite").partitionBy(part_col).parquet(out))
+
+
+@contextlib.contextmanager
+def _arrow_batches(spark, rows: int):
+    """Run the body with ``mapInPandas`` handing out batches of ``rows`` rows (Spark's
+    default is 10,000), restoring the session's setting after."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, str(rows))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 def _files(out: str) -> list[dict]:

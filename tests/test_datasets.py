@@ -41,7 +41,10 @@ def test_zipf_keys_follow_the_distribution_and_drift(zipf_frame):
 
 
 def test_zipf_is_deterministic_by_seed(spark, tmp_path):
+    batch = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch)
     a = datasets.zipf(str(tmp_path / "a"), rows=5000, keys=100, skew=1.0, partitions=2, seed=3)
+    assert spark.conf.get(batch) == before           # the writer's larger batches are its own
     b = datasets.zipf(str(tmp_path / "b"), rows=5000, keys=100, skew=1.0, partitions=2, seed=3)
     c = datasets.zipf(str(tmp_path / "c"), rows=5000, keys=100, skew=1.0, partitions=2, seed=4)
     read = lambda p: pd.read_parquet(p).sort_values("event_time").reset_index(drop=True)  # noqa: E731
