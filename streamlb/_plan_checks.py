@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import config
 from .exceptions import KeyTypeError, SchemaError
 from ._plan_time import check_event_time as _check_event_time
 
@@ -80,12 +81,30 @@ def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
     window's edges fall between those batches, and a balancer planning on it chases that
     noise. A source with ``batch_size=`` of its own, or every source when ``given`` (the
     job's ``batch_size=``), keeps it; the setting ``streamlb.batch-size`` stays the largest.
+
+    A Parquet source read at full speed (no ``rate=``) by aggregates alone takes larger
+    batches (the setting ``streamlb.aggregate-batch-size``): its batches go out summed per
+    key, which costs per batch, not per row, and a larger batch has fewer keys per row.
     """
+    by_id = {s.id: s for s in plan.stages}
     for st in plan.stages:
-        if st.kind not in ("parquet_source", "directory_source") or not st.rate or st.batch_size_given or given:
+        if st.kind not in ("parquet_source", "directory_source") or st.batch_size_given or given:
+            continue
+        if not st.rate:
+            if st.kind == "parquet_source" and config.get("exchange.combine") and _aggregates_only(st, by_id) \
+                    and all(by_id[c.target].cost is None for c in st.children):
+                st.batch_size = max(st.batch_size, int(config.get("aggregate-batch-size")))
             continue
         per_window = st.rate / st.parallelism * window
         st.batch_size = int(min(st.batch_size, max(MIN_PACED_BATCH, per_window // PACED_BATCHES)))
+
+
+def _aggregates_only(src, by_id: dict) -> bool:
+    """Every consumer of source stage ``src`` is an aggregate keyed by a column: nothing
+    else sees its batches (and each is sent summed per key, see ``_worker/_combine.py``)."""
+    targets = [by_id[c.target] if c.kind == "exchange" else None for c in src.children]
+    return bool(targets) and all(t is not None and t.kind == "aggregate" and isinstance(t.key, str)
+                                 for t in targets)
 
 
 def _project(plan: Plan) -> None:
@@ -95,8 +114,8 @@ def _project(plan: Plan) -> None:
     for src in plan.stages:
         if src.kind != "parquet_source" or src.columns is not None or not src.children:
             continue
-        targets = [by_id[c.target] if c.kind == "exchange" else None for c in src.children]
-        if all(t is not None and t.kind == "aggregate" and isinstance(t.key, str) for t in targets):
+        if _aggregates_only(src, by_id):
+            targets = [by_id[c.target] for c in src.children]
             needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
             import pyarrow.parquet as pq
 

@@ -83,3 +83,32 @@ def test_a_job_is_exact_and_counts_every_record(two_workers, tmp_path, combine):
     assert metrics[metrics.operator == "totals"]["records"].sum() == len(df)
     hashed = sum(two_workers.run(_count_hashed_rows, False).values())    # keys the router hashed
     assert hashed < len(df) // 4 if combine else hashed == len(df)
+
+
+def test_a_source_read_by_aggregates_alone_at_full_speed_takes_larger_batches(tmp_path):
+    from streamlb.planner import pace_batches, plan
+
+    path = tmp_path / "in.parquet"
+    _frame(100, seed=3).to_parquet(path)
+
+    def batch_size(build, **kw) -> int:
+        src = Stream.from_parquet(str(path), **kw)
+        build(src)
+        p = plan(src, workers=2, key_groups=64, batch_size=65_536)
+        pace_batches(p, 1.0)
+        return next(s for s in p.stages if s.is_source).batch_size
+
+    def agg(src):
+        src.key_by("key").aggregate(SPEC)
+
+    def agg_and_map(src):
+        agg(src)
+        src.map(len).sink(print)
+
+    assert batch_size(agg) == 524_288
+    assert batch_size(agg, batch_size=1_000) == 1_000               # the user's choice
+    assert batch_size(agg, rate=100_000) < 65_536                   # paced: smaller
+    assert batch_size(agg_and_map) == 65_536                        # a map sees the rows
+    assert batch_size(lambda s: s.key_by("key").aggregate(SPEC, cost=1e-6)) == 65_536
+    with dask.config.set({"streamlb.exchange.combine": False}):
+        assert batch_size(agg) == 65_536
