@@ -278,4 +278,4 @@ def test_open_loop_sources_read_batches_a_window_holds_many_of(skewed):
     assert source_batch(1_000) == MIN_PACED_BATCH
     assert source_batch(200_000, batch_size=20_000) == 20_000              # chosen: kept
     assert source_batch(200_000, given=True) == 65_536                    # run(batch_size=): kept
-    assert source_batch(None) == 65_536                                   # closed loop: as set
+    assert source_batch(None) == 524_288          # closed loop, read by aggregates alone: aggregate-batch-size

@@ -35,6 +35,7 @@ class EpochMove:
         self.first_applied: float | None = None      # first held row of a moved group applied
         self.aligned_at: float | None = None         # old owner: markers from every router
         self.installed_at: float | None = None       # new owner: the last incoming group installed
+        self.settling = False                        # new owner: what the moved groups owe is going out
 
     @property
     def done(self) -> bool:

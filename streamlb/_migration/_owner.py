@@ -28,12 +28,15 @@ class OwnerSide:
     an awaitable that completes when it was applied there; ``apply(frame, groups,
     emitted)`` applies released rows; ``spawn(coro)`` runs a task the instance waits for
     before it finishes. ``merges``: lazy moves of this operator merge (``Stage.merges_lazily``).
+    ``settle()``: an operator on event time fires what moved-in groups owe and waits until it
+    is applied downstream (see :meth:`_settled`).
     """
 
     def __init__(self, store, aligner, *, index: int, merges: bool, send: Callable[[int, object], Awaitable],
                  apply: Callable[..., Awaitable], spawn: Callable, lazy_step: int, lazy_delay: float,
-                 lazy_pace: float) -> None:
+                 lazy_pace: float, settle: Callable[[], Awaitable] | None = None) -> None:
         self.store, self.aligner, self.index = store, aligner, index
+        self.settle = settle
         self.merges_lazily = merges
         self.send, self.apply, self.spawn = send, apply, spawn
         self.lazy_step, self.lazy_delay, self.lazy_pace = lazy_step, lazy_delay, max(0.0, float(lazy_pace))
@@ -287,10 +290,28 @@ class OwnerSide:
     # -- completion -----------------------------------------------------------------------------
     def _maybe_done(self, m: EpochMove) -> None:
         if m.done:
-            self.store.unhold(m.epoch)
-            self.done.add(m.epoch)
-            if (ev := self._done_events.get(m.epoch)) is not None:
-                ev.set()
+            if m.incoming and self.settle is not None:
+                if not m.settling:
+                    m.settling = True
+                    self.spawn(self._settled(m))
+                return
+            self._record_done(m)
+
+    async def _settled(self, m: EpochMove) -> None:
+        """New owner: the moved groups go by the watermark again, and what they owe (windows,
+        timers whose time passed while they moved) goes out and is applied downstream before
+        the move counts as done here. Only then does the coordinator let the old owners'
+        frozen watermarks go, so what these groups emit is not late where it lands: this
+        owner may have forwarded a watermark past it before the groups came."""
+        self.store.unhold(m.epoch)
+        await self.settle()
+        self._record_done(m)
+
+    def _record_done(self, m: EpochMove) -> None:
+        self.store.unhold(m.epoch)
+        self.done.add(m.epoch)
+        if (ev := self._done_events.get(m.epoch)) is not None:
+            ev.set()
 
     def forget(self, epoch: int) -> None:
         """The coordinator has recorded ``epoch``: drop what was kept for it."""

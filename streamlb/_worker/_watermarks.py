@@ -225,6 +225,16 @@ class Watermarks:
             # timers, join rows past any match) goes out before the watermark passes it
             await self._advance(MIN_TIME, self.idle, time.time(), refire=True)
 
+    async def settle(self) -> None:
+        """Groups moved in are through: with event time in play, give the operator the
+        watermark again (what they owe fires; the watermark forwarded stays frozen) and wait
+        until what went out is applied downstream."""
+        if not self.active:
+            return
+        await self._advance(MIN_TIME, self.idle, time.time(), refire=True)
+        for ex in list(self.inst.exchanges.values()):
+            await ex.drain()
+
     def _forwarded(self) -> int:
         if not self.frozen:
             return self.current
