@@ -22,7 +22,8 @@ import threading
 import numpy as np
 import pandas as pd
 
-from ._zipf import _BLOCK, _blocks, _key_permutation, _masked, _zipf_cdf, _zipf_ranks, _zipf_table, zipf_keys  # noqa: F401
+from ._zipf import (_BLOCK, _blocks, _key_permutation, _masked, _zipf_cdf, _zipf_ranks, _zipf_table,  # noqa: F401
+                    zipf_keys)
 from .exceptions import InputPathError, JavaNotFoundError
 
 __all__ = ["zipf", "nexmark", "spark_session", "check_java", "read_manifest"]

@@ -87,9 +87,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
                              watermark=lambda: self.watermarks.reported())
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
-                               send=self.send_control, apply=self._apply, spawn=self.tasks.spawn,
-                               lazy_step=lazy_step, lazy_delay=lazy_delay, lazy_pace=lazy_pace,
-                               settle=self.watermarks.settle)
+                               send=self.send_control, apply=self._apply, spawn=self.tasks.spawn, lazy_step=lazy_step,
+                               lazy_delay=lazy_delay, lazy_pace=lazy_pace, settle=self.watermarks.settle)
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit, self.dead) if stage.is_source else None
         self.exchanges: dict = {}

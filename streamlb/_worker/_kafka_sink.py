@@ -195,7 +195,8 @@ class _Topic:
             if attempt:
                 time.sleep(0.5 * 2 ** (attempt - 1))      # the broker may still be on its way back
             self._redo(slot, why)
-        raise PipelineError(f"{self.where}: could not commit a transaction of {sum(len(v) for v, _ in self.kept[slot])} "
+        n = sum(len(v) for v, _ in self.kept[slot])
+        raise PipelineError(f"{self.where}: could not commit a transaction of {n} "
                             f"messages after {RETRIES} retries ({why}); bootstrap.servers="
                             f"{self.opts['producer_config'].get('bootstrap.servers')!r}")
 
