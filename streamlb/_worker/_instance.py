@@ -88,7 +88,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn, lazy_step=lazy_step,
-                               lazy_delay=lazy_delay, lazy_pace=lazy_pace, settle=self.watermarks.settle)
+                               lazy_delay=lazy_delay, lazy_pace=lazy_pace, settle=self.watermarks.settler)
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit, self.dead) if stage.is_source else None
         self.exchanges: dict = {}

@@ -225,6 +225,12 @@ class Watermarks:
             # timers, join rows past any match) goes out before the watermark passes it
             await self._advance(MIN_TIME, self.idle, time.time(), refire=True)
 
+    @property
+    def settler(self):
+        """:meth:`settle` for an operator whose moved-in groups can owe output on event time
+        (windows, joins, process timers); None for the others, whose moves are done at once."""
+        return self.settle if self.inst.stage.kind in ("window", "join", "process") else None
+
     async def settle(self) -> None:
         """Groups moved in are through: with event time in play, give the operator the
         watermark again (what they owe fires; the watermark forwarded stays frozen) and wait
