@@ -160,13 +160,22 @@ def dask_cli_cluster(scheduler_args=(), env=None, workers=2, tls=None):
     tls_args = ["--tls-ca-file", tls[0], "--tls-cert", tls[1], "--tls-key", tls[2]] if tls else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **(env or {}))
     dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
-    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    logs = os.environ.get("STREAMLB_CLUSTER_LOGS")    # a directory: each process's output there
+
+    def out(name: str) -> dict:
+        if not logs:
+            return {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        os.makedirs(logs, exist_ok=True)
+        f = open(os.path.join(logs, f"{port}-{name}.log"), "ab")
+        return {"env": env, "stdout": f, "stderr": subprocess.STDOUT}
+
     procs = [subprocess.Popen([dask, "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", ":0", *tls_args, *scheduler_args], **quiet)]
+                               "--dashboard-address", ":0", *tls_args, *scheduler_args], **out("scheduler"))]
     try:
-        for _ in range(workers):
+        for i in range(workers):
             procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--protocol", protocol,
-                                           "--host", "127.0.0.1", "--dashboard-address", ":0", *tls_args], **quiet))
+                                           "--host", "127.0.0.1", "--dashboard-address", ":0", *tls_args],
+                                          **out(f"worker{i}")))
         from distributed import Client
 
         security = tls_security(tls) if tls else None

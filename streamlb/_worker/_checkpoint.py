@@ -247,7 +247,10 @@ class Checkpointed:
             position = {**src.position(), "ended": True, "records_out": self.records_out,
                         "started_at": self.started_at, "finished_at": self.finished_at,
                         "offsets": dict(src.offsets)}
-            self._source_ack(cid, None, position)
+            # what its sinks got after its last barrier is this checkpoint's: restored, it
+            # replays nothing
+            self._source_ack(cid, self.seal(cid) if self.status not in ("failed", "stopped", "retired") else None,
+                             position)
             return
         src.ask_barrier(cid, full, target)
 
@@ -304,6 +307,7 @@ class Checkpointed:
 
     async def take_final(self) -> dict | None:
         """A checkpointed job that finished: the outputs after the last barrier (committed
-        by the driver now that every instance is done)."""
+        by the driver now that every instance is done; Kafka transactions commit here)."""
+        self.sinks.commit_kafka()
         return self.seal(-1)
 

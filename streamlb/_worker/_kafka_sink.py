@@ -31,6 +31,7 @@ SLOTS = 4               # producers per instance: one taking rows, the others aw
 COMMIT_EVERY = 1.0      # s between commits without checkpoints
 TIMEOUT = 30.0          # s for the broker's answers (init, commit, abort, flush)
 RETRIES = 5             # rewrites of a transaction the broker may have lost
+FINAL = 2 ** 62         # the pending "checkpoint" of rows after an instance's last barrier
 
 
 def encoded(df: pd.DataFrame, encode, where: str) -> list:
@@ -221,7 +222,10 @@ class _Topic:
             logger.warning("%s: the rewrite failed: %s", self.where, e)
 
     def seal(self, cid: int) -> None:
-        """Checkpoint ``cid``'s barrier passed: its rows are flushed, committed once it completes."""
+        """Checkpoint ``cid``'s barrier passed: its rows are flushed, committed once it
+        completes (rows of an instance that ended before the barrier are that checkpoint's too)."""
+        if cid != FINAL and FINAL in self.pending:
+            self.pending.setdefault(cid, []).extend(self.pending.pop(FINAL))
         if self.current is not None:
             try:
                 self.producers[self.current].flush(TIMEOUT)
@@ -237,7 +241,17 @@ class _Topic:
                 self._commit(s)
 
     def close(self) -> None:
-        """End of stream: commit what is left (checkpoints pending first, in order)."""
+        """End of stream: commit what is left (checkpoints pending first, in order). With
+        checkpoints, what came after the last barrier only waits (flushed) for
+        :meth:`commit_all`: the job has not finished until every instance has, and a worker
+        lost before that replays from the last checkpoint."""
+        if self._checkpointed():
+            self.seal(FINAL)
+            return
+        self.commit_all()
+
+    def commit_all(self) -> None:
+        """The job finished: commit every transaction, in order."""
         for c in sorted(self.pending):
             for s in self.pending.pop(c):
                 self._commit(s)
@@ -287,6 +301,10 @@ class KafkaSinks:
     def close(self) -> None:
         for t in self.topics.values():
             t.close()
+
+    def commit_all(self) -> None:
+        for t in self.topics.values():
+            t.commit_all()
 
     def abort(self) -> None:
         for t in self.topics.values():

@@ -117,6 +117,7 @@ class Reconfigurable:
         for ex in self.exchanges.values():
             await ex.drain()
         self.sinks.close()
+        self.sinks.commit_kafka()       # its actor goes away now
         self.finished_at = time.time()
         self.meter.close_window(self.finished_at, last=True)
         self.status = "retired"

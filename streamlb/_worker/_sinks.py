@@ -95,6 +95,11 @@ class Sinks:
         if self.kafka is not None:
             self.kafka.completed(cid)
 
+    def commit_kafka(self) -> None:
+        """A checkpointed job finished: commit the Kafka rows that waited for it."""
+        if self.kafka is not None:
+            self.kafka.commit_all()
+
     def seal(self) -> list[list[str]]:
         """A checkpoint barrier passed: close the files written since the previous one and
         return them (``[path, file]``); later rows go to new files."""
