@@ -491,3 +491,38 @@ def test_watermarks_per_partition_with_an_idle_one(two_workers, kafka):
         job.stop()
     assert not late, f"{sum(map(len, late))} records late"
     check(got, want)
+
+
+def _slowly(df):
+    time.sleep(0.02)        # the stream lasts several seconds: reconfigured while it runs
+    return df
+
+
+def test_to_kafka_topic_exactly_once_across_a_move_and_a_rescale(two_workers, kafka, tmp_path):
+    """An instance that writes to Kafka moves to another worker, and its operator rescales
+    down and up again (the new instance 2 takes over what the old one had not committed),
+    with checkpoints: what each wrote since the last checkpoint is neither lost nor written
+    twice."""
+    src_topic = kafka.create_topic(topic_name("in"), partitions=4)
+    out_topic = kafka.create_topic(topic_name("out"), partitions=3)
+    df = _records(60_000, seed=16)
+    kafka.produce(src_topic, _values(df))
+    src = Stream.from_kafka_topic(src_topic, kafka.consumer_conf, decode="json", until="end", batch_size=250)
+    _running_counts(src.map(_slowly), out_topic, kafka, parallelism=3)
+    with streamlb.run(src, client=two_workers, balancer="static", checkpoint=str(tmp_path / "ck"),
+                      checkpoint_interval=0.5) as job:
+        deadline = time.time() + 60
+        while job.checkpoints().empty and time.time() < deadline:
+            time.sleep(0.05)
+        workers = sorted(set(job.workers_of.values()))
+        key = next(k for k in job.actors if job.plan.stages[k[0]].name == "running")
+        other = next(w for w in workers if w != job.workers_of[key])
+        job.move_instance("running", key[1], other)
+        job.rescale("running", 2, strategy="all-at-once")
+        job.rescale("running", 3, strategy="all-at-once")
+        read = sum(job.offsets().values())
+        job.wait(timeout=120)
+        kinds = [h.get("kind") for h in job.history]
+    assert read < len(df), f"the job had read all {read} records before the move and rescale were done"
+    assert "rescale" in kinds, kinds
+    _same_rows(_read_counts(kafka, out_topic), _expected_counts(df))

@@ -186,8 +186,12 @@ class Checkpointer:
             self.completed_id = cid
             retain(url, self.retained)
         self.commit()
+        # a recovery goes back to the last checkpoint, never to a savepoint: the outputs a
+        # savepoint's barrier sealed (Kafka transactions too) commit with the next checkpoint
         for k, a in actors.items():
-            a.forget_checkpoint(cid)
+            a.forget_checkpoint(cid, target is None)
+        if target is None:
+            job._release.checkpoint_complete(cid)
         logger.info("job %s: %s %d complete in %.3f s (%d bytes written, %d referenced)", job.id,
                     "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
                     manifest["bytes_referenced"])

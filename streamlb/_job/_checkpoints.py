@@ -76,4 +76,5 @@ class Checkpoints:
             cp.collect_late(wait=True)
             for f in [a.take_final() for a in job.actors.values()]:
                 cp.stage_outputs(f.result(), label=None)
+            job._release.finished()
             cp.commit(everything=True)

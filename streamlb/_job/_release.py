@@ -28,6 +28,9 @@ class Release:
         self.job = job
         self.gone: str | None = None            # why the cluster can no longer be reached
         self.released: set[str] = set()         # retired workers whose instances were let go
+        # instances rescaled away whose Kafka transactions wait for the next checkpoint
+        self.lingering: dict[tuple, tuple] = {}     # (stage, index) -> (actor, future, run)
+        self.last_runs: dict[tuple, int] = {}        # run of each instance rescaled away
 
     def cluster_gone(self) -> str | None:
         """See :meth:`streamlb.Job.cluster_gone`."""
@@ -42,13 +45,69 @@ class Release:
         return None
 
     def actors(self, keys=None, timeout: float = 5.0) -> None:
-        """Stop the instances ``keys`` (all by default), waiting at most ``timeout`` seconds
-        in all, and let go of their actors: the workers free them, and Dask no longer counts
-        them when retiring the workers."""
+        """Stop the instances ``keys`` (all by default, and those lingering: their Kafka
+        transactions are aborted), waiting at most ``timeout`` seconds in all, and let go of
+        their actors: the workers free them, and Dask no longer counts them when retiring
+        the workers."""
         actors = self.job.actors
+        if keys is None:
+            self._let_go(list(self.lingering), "stop", timeout)
         keys = list(actors) if keys is None else [k for k in keys if k in actors]
         self.stop_instances(keys, timeout)
         self.forget(keys)
+
+    # -- instances rescaled away, with Kafka transactions waiting for a checkpoint -----------------
+    def linger(self, key) -> None:
+        """Instance ``key`` is rescaled away but holds Kafka transactions that commit with the
+        next checkpoint: it leaves the job's instances and stays until then."""
+        job = self.job
+        self.lingering[key] = (job.actors.pop(key), job._futures.pop(key, None), job.runs.get(key, 0))
+        self.retired(key)
+        job.workers_of.pop(key, None)
+
+    def retired(self, key) -> None:
+        """Instance ``key`` is rescaled away: a later one at its index takes a new run."""
+        self.last_runs[key] = self.job.runs.pop(key, 0)
+
+    def next_run(self, keys) -> int:
+        """The incarnation for new instances ``keys``: above that of any instance there
+        before (whose actor, lingering or just released, may still hold its key)."""
+        return max((self.last_runs[k] + 1 for k in keys if k in self.last_runs), default=0)
+
+    def checkpoint_complete(self, cid: int) -> None:
+        """Checkpoint ``cid`` completed: the lingering instances commit and go."""
+        self._let_go([k for k in self.lingering], "forget_checkpoint", config.seconds("stop-timeout"), cid)
+
+    def finished(self) -> None:
+        """The job finished: the lingering instances commit and go."""
+        self._let_go(list(self.lingering), "commit_kafka", config.seconds("stop-timeout"))
+
+    def hand_off(self, key):
+        """A new instance takes index ``key`` of one lingering: the Kafka rows that one has not
+        committed, for the new one to write first (``{}`` if none lingers there)."""
+        if key not in self.lingering:
+            return {}
+        actor = self.lingering[key][0]
+        try:
+            return actor.hand_off_kafka().result(timeout=config.seconds("stop-timeout"))
+        finally:
+            self._let_go([key], "stop", 1.0)
+
+    def _let_go(self, keys, call: str, timeout: float, *args) -> None:
+        deadline = time.time() + timeout
+        for k in keys:
+            actor, future, _ = self.lingering.pop(k)
+            try:
+                getattr(actor, call)(*args).result(timeout=max(deadline - time.time(), 0.05))
+                if call != "stop":
+                    actor.stop().result(timeout=max(deadline - time.time(), 0.05))
+            except Exception as exc:        # its worker is gone: the broker aborts on its own timeout
+                logger.warning("job %s: instance %s rescaled away: %s failed: %s", self.job.id, k, call, exc)
+            if future is not None and self.cluster_gone() is None:
+                try:
+                    future.release()
+                except Exception:
+                    pass
 
     def stop_instances(self, keys, timeout: float) -> None:
         """Ask the instances ``keys`` to stop, all at once; wait ``timeout`` seconds at most in all."""

@@ -234,17 +234,22 @@ class Reconfigurer:
         new = list(range(n, m))
         chosen = ([workers[k % len(workers)] for k in range(len(new))] if workers
                   else self.least_loaded(len(new)))
-        actors = self._create(st, dict(zip(new, chosen)))
-        job.actors.update(actors)
-        st.parallelism = m
         keys = [(st.id, i) for i in new]
+        run = job._release.next_run(keys)
+        actors = self._create(st, dict(zip(new, chosen)), run=run)
+        job.actors.update(actors)
+        if run:
+            job.runs.update(dict.fromkeys(keys, run))
+        st.parallelism = m
         self._wire(keys)
         self._siblings(st, exclude=new)
         for i in new:
-            self._on_downstream(st, "add_sender", i, 0)
+            self._on_downstream(st, "add_sender", i, run)
         for i in new:
             a = job.actors[(st.id, i)]
             self._on_upstream(st, "add_peer", i, a._address, a.key)
+        for k in keys:      # an index rescaled away before, whose Kafka rows wait: written here first
+            self._result([job.actors[k].adopt_kafka(job._release.hand_off(k))])
         self._result([job.actors[k].start() for k in keys])
         job._migrations.update_topology(job.topology())
         if st.id in job.tables:
@@ -274,20 +279,30 @@ class Reconfigurer:
             self._spread(st, m, strategy, f"instances {m}..{n - 1} stay, with the key groups not yet moved off")
         for i in gone:
             self._on_upstream(st, "remove_peer", i)
-        self._retire([(st.id, i) for i in gone])
+        lingering = self._retire([(st.id, i) for i in gone])
         for i in gone:
             self._on_downstream(st, "remove_sender", i)
         st.parallelism = m
         self._siblings(st)
         for i in gone:
-            self._forget((st.id, i))
+            if (st.id, i) in lingering:
+                job._release.linger((st.id, i))
+            else:
+                job._release.retired((st.id, i))
+                self._forget((st.id, i))
         job._migrations.update_topology(job.topology())
 
-    def _retire(self, keys) -> None:
+    def _retire(self, keys) -> set:
+        """Retire the instances ``keys``; those whose Kafka transactions wait for the next
+        checkpoint are returned."""
         job = self.job
         timeout = config.seconds("migration.timeout")
+        waiting = set()
         for k, last in zip(keys, self._result([job.actors[k].retire(timeout) for k in keys])):
+            if last.pop("kafka", None):
+                waiting.add(k)
             job._absorb_retired(k, last)
+        return waiting
 
     def _forget(self, key) -> None:
         job = self.job
@@ -352,7 +367,9 @@ class Reconfigurer:
             self._on_upstream(st, "replace_peer", i, new._address, new.key)
             self._siblings(st, exclude=[i])
             moved = old.hand_over(new._address, new.key, timeout).result()
-        job._absorb_retired(key, old.retire(timeout).result())
+        last = old.retire(timeout, "hand_off").result()
+        new.adopt_kafka(last.pop("kafka", None) or {}).result()     # its Kafka rows not yet committed
+        job._absorb_retired(key, last)
         if not (resume and resume.get("ended")):    # an ended source's end was counted already
             self._on_downstream(st, "add_sender", i, run)
         new.start(resume.get("epoch0") if resume else None, resume).result()

@@ -61,8 +61,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.status = "created"
         self.error: BaseException | None = None
         self.started_at = self.finished_at = None
-        self.records_in, self.records_out, self.finishing, self.eos_sent = 0, 0, False, False
-        self.closing = False
+        self.records_in, self.records_out, self.finishing, self.eos_sent, self.closing = 0, 0, False, False, False
         self.peer_ends: set[int] = set()
         self.tasks = Tasks(self._fail)
         self._wake = asyncio.Event()
@@ -95,8 +94,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.slots: dict[int, int] = {}
         self.siblings: list[Peer] = []
         # updates of a function (see Reconfigurable.prepare_update): epoch -> (path, func)
-        self.updates: dict = {}
-        self.updated: set[int] = set()
+        self.updates, self.updated = {}, set()
         self.blocked: set[int] = set()          # senders past an update's marker
         self.deferred: collections.deque = collections.deque()
         self.ctl_deferred: collections.deque = collections.deque()   # siblings past a checkpoint
@@ -139,6 +137,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         """Run; ``resume`` (a source replacing another): where that one's stream stopped."""
         self.started_at = time.time()
         self.status = "running"
+        self.sinks.open_kafka()
         self.meter.start(self.worker, self.started_at)
         if resume:
             self.started_at, self.records_out = resume["started_at"], resume["records_out"]
@@ -162,6 +161,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
 
     async def stop(self) -> None:
         self.tasks.cancel()
+        self.sinks.abort_kafka()        # what no checkpoint committed (of a done or retired one too)
         if self.status not in ("done", "failed", "retired"):
             self.status = "stopped"
             self.sinks.abort()

@@ -102,8 +102,6 @@ class _Topic:
         return on_error
 
     def write(self, df: pd.DataFrame) -> None:
-        from confluent_kafka import KafkaException
-
         if not isinstance(df, pd.DataFrame):
             raise PipelineError(f"{self.where} got {type(df).__name__}; it writes DataFrames")
         o = self.opts
@@ -115,6 +113,11 @@ class _Topic:
                                     f"{', '.join(map(str, df.columns))}")
             keys = [None if k is None or (isinstance(k, float) and np.isnan(k)) else
                     (k if isinstance(k, bytes) else str(k).encode()) for k in df[o["key"]].tolist()]
+        self._send(values, keys)
+
+    def _send(self, values: list, keys: list) -> None:
+        from confluent_kafka import KafkaException
+
         p = self._open()
         self.kept[self.current].append((values, keys))
         try:
@@ -259,6 +262,19 @@ class _Topic:
             self._commit(self.current)
             self.current = None
 
+    def hand_off(self) -> list:
+        """Every message not committed yet, in the order written (for the instance that
+        takes this one's place); this one's transactions are aborted."""
+        slots = [s for c in sorted(self.pending) for s in self.pending[c]]
+        out = [m for s in slots + ([self.current] if self.current is not None else []) for m in self.kept[s]]
+        self.abort()
+        return out
+
+    def adopt(self, messages: list) -> None:
+        """Write what another instance handed off (before any row of this one's own)."""
+        for values, keys in messages:
+            self._send(values, keys)
+
     def abort(self) -> None:
         for s in [*(x for v in self.pending.values() for x in v), *([self.current] if self.current is not None
                                                                       else [])]:
@@ -306,6 +322,17 @@ class KafkaSinks:
         for t in self.topics.values():
             t.commit_all()
 
+    def linger(self) -> bool:
+        """A retired instance: what it wrote after its last barrier commits with the next
+        checkpoint to complete (none is under way while an operator rescales); whether any
+        transaction waits for it."""
+        for t in self.topics.values():
+            t.seal(-1)
+        return any(t.pending for t in self.topics.values())
+
+    def hand_off(self) -> dict:
+        return {target: t.hand_off() for target, t in self.topics.items()}
+
     def abort(self) -> None:
         for t in self.topics.values():
             t.abort()
@@ -319,4 +346,3 @@ def kafka_steps(steps) -> list:
             out.append(st)
         out.extend(kafka_steps(st.children))
     return out
-

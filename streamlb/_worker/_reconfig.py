@@ -109,15 +109,16 @@ class Reconfigurable:
         if blob is not None:
             self.store.install(blob)
 
-    async def retire(self, timeout: float) -> dict:
+    async def retire(self, timeout: float, kafka: str = "linger") -> dict:
         """No router sends here any more: finish what is queued, flush the outputs, close
-        the sinks; the last poll (with this instance's metrics rows) is returned."""
+        the sinks; the last poll (with this instance's metrics rows) is returned, and under
+        ``"kafka"`` the Kafka rows no checkpoint committed yet (see ``Sinks.end_kafka``)."""
         await self._until_quiet(timeout, "retire")
         await self.tasks.join_spawned()
         for ex in self.exchanges.values():
             await ex.drain()
         self.sinks.close()
-        self.sinks.commit_kafka()       # its actor goes away now
+        kept = self.sinks.end_kafka(kafka)
         self.finished_at = time.time()
         self.meter.close_window(self.finished_at, last=True)
         self.status = "retired"
@@ -125,7 +126,21 @@ class Reconfigurable:
         out = self.poll()
         out["metrics"] = self.metrics()
         out["final"] = self.seal(-1)        # a checkpointed job commits these with its next checkpoint
+        out["kafka"] = kept
         return out
+
+    async def hand_off_kafka(self) -> dict:
+        """A retired instance whose index is taken again: its Kafka rows no checkpoint
+        committed, for the new instance to write (its own transactions are aborted)."""
+        return self.sinks.end_kafka("hand_off")
+
+    async def adopt_kafka(self, messages: dict) -> None:
+        """Before this instance starts: write what the one it replaces handed off."""
+        self.sinks.adopt_kafka(messages)
+
+    async def commit_kafka(self) -> None:
+        """The job finished: a retired instance commits what waited for a checkpoint."""
+        self.sinks.commit_kafka()
 
     async def _until_quiet(self, timeout: float, what: str) -> None:
         deadline = time.time() + timeout

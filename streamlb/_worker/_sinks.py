@@ -31,7 +31,7 @@ class Sinks:
         self.staged = False
         self.segment = 0
         self.closed: list[list[str]] = []   # [path, file] closed at the end, not yet reported
-        self.open_kafka(steps)
+        self.steps = steps
 
     def append(self, target: int, x) -> None:
         self.lists[target].append(x)
@@ -67,13 +67,13 @@ class Sinks:
             ) from exc
         w.write_table(table)
 
-    def open_kafka(self, steps) -> None:
-        """Open the producers of the ``to_kafka_topic`` sinks among ``steps`` now (at the
-        start: a replacement aborts what the instance it replaces left open, even if it
-        writes nothing)."""
+    def open_kafka(self) -> None:
+        """Open the producers of the stage's ``to_kafka_topic`` sinks now (when the instance
+        starts: a replacement aborts what the instance it replaces left open, even if it
+        writes nothing; one that moves is stopped by then)."""
         from ._kafka_sink import KafkaSinks, kafka_steps
 
-        for step in kafka_steps(steps):
+        for step in kafka_steps(self.steps):
             if self.kafka is None:
                 self.kafka = KafkaSinks(self.kafka_prefix, lambda: self.staged)
             self.kafka.open(step)
@@ -99,6 +99,25 @@ class Sinks:
         """A checkpointed job finished: commit the Kafka rows that waited for it."""
         if self.kafka is not None:
             self.kafka.commit_all()
+
+    def end_kafka(self, how: str):
+        """A retiring instance's Kafka rows not committed yet (after :meth:`close`): ``"linger"``
+        (rescaled away) keeps them for the next checkpoint, and says whether any wait;
+        ``"hand_off"`` (moved) returns them for the replacement to write."""
+        if self.kafka is None:
+            return {} if how == "hand_off" else False
+        return self.kafka.hand_off() if how == "hand_off" else self.kafka.linger()
+
+    def adopt_kafka(self, messages: dict) -> None:
+        """Write the rows an instance this one replaces handed off (before its own)."""
+        self.open_kafka()
+        for target, msgs in messages.items():
+            if msgs:
+                self.kafka.topics[target].adopt(msgs)
+
+    def abort_kafka(self) -> None:
+        if self.kafka is not None:
+            self.kafka.abort()
 
     def seal(self) -> list[list[str]]:
         """A checkpoint barrier passed: close the files written since the previous one and
