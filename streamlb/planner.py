@@ -91,6 +91,7 @@ class Stage:
     join: dict | None = None                        # join: how, between, ttl, suffixes, where, columns
     process: dict | None = None                     # process: column, unit (its timers' event time)
     source: dict | None = None                      # a source planned by its own module: its options
+    state: dict | None = None                       # keyed state's backend and directory (run(state_backend=))
 
     def __post_init__(self) -> None:
         if self.upstream is not None and not self.inputs:

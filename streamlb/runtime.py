@@ -38,7 +38,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         balancer_options: dict | None = None, autoscale: dict | bool | None = None,
         scaler: str = "ds2", scaler_options: dict | None = None, checkpoint: str | None = None,
         checkpoint_interval: Any = None, restore: str | None = None,
-        restart_attempts: int | None = None) -> Job:
+        restart_attempts: int | None = None, state_backend: str | None = None) -> Job:
     """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
 
     Parameters
@@ -90,6 +90,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
     restart_attempts : int, optional
         Recoveries from lost workers before the job fails (setting
         ``streamlb.checkpoint.restart-attempts``).
+    state_backend : {"memory", "rocksdb"}, optional
+        Where keyed state lives (setting ``streamlb.state.backend``): ``"rocksdb"`` for
+        aggregates' state larger than memory (see docs/state.md).
 
     Returns
     -------
@@ -102,7 +105,7 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         parallelism=parallelism, window=window, credits=credits, balancer=balancer, migration=migration,
         balancer_options=balancer_options, autoscale=autoscale, scaler=scaler, scaler_options=scaler_options,
         checkpoint=checkpoint, checkpoint_interval=checkpoint_interval, restore=restore,
-        restart_attempts=restart_attempts)
+        restart_attempts=restart_attempts, state_backend=state_backend)
     with _launch.connected(options, client) as (client, cluster, owned):
         workers, p, ranges = _launch.plan_on(client, node, options)
         job = Job(p, client, cluster, workers, options, owns_client=owned)

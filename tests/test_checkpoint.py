@@ -314,6 +314,17 @@ def test_sigkill_at_any_moment_many_examples(cluster3, data, tmp_path_factory, m
 
 
 @pytest.mark.cluster
+def test_sigkill_with_the_state_in_rocksdb_is_recovered_exactly(cluster3, data, tmp_path):
+    """The aggregate's state in RocksDB: restored from the checkpoint's files on the workers left."""
+    def after_a_checkpoint_with_keys(job):
+        done = job.checkpoints()
+        return len(done) and done["keys"].iloc[-1] > 0
+
+    rec = _faulty_run(cluster3, data, tmp_path, after_a_checkpoint_with_keys, state_backend="rocksdb")
+    assert rec["restored_keys"] > 0
+
+
+@pytest.mark.cluster
 def test_sigkill_during_a_checkpoint(cluster3, data, tmp_path):
     seen = []
 

@@ -331,3 +331,29 @@ def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_pat
     assert len(job.history) >= 5
     hashed = sum(two_workers.run(_count_hashed_rows, False).values())
     assert hashed == 2 * len(zipf_frame)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_state_in_rocksdb_is_exact_under_each_strategy_and_a_rescale(two_workers, zipf_path, zipf_frame, strategy,
+                                                                      tmp_path):
+    """``state_backend="rocksdb"``: autoflow balances with each strategy, one move is asked
+    for whatever it decides, and the operator rescales (3 -> 2 -> 3) while the stream runs."""
+    import os
+
+    src = Stream.from_parquet(zipf_path, batch_size=10_000, rate=100_000)
+    totals = src.key_by("key").aggregate(AGG, parallelism=3, name="totals").sink_to_list()
+    with dask.config.set({"streamlb.state.dir": str(tmp_path)}), \
+            streamlb.run(src, client=two_workers, key_groups=G, balancer="autoflow", migration=strategy, window=0.2,
+                         state_backend="rocksdb") as job:
+        time.sleep(0.3)
+        job.migrate("totals", range(0, 12), 2, strategy=strategy)
+        job.rescale("totals", 2, strategy=strategy)
+        job.rescale("totals", 3, strategy=strategy)
+        assert job.summary()["records"] < len(zipf_frame), "the stream ended before the rescales"
+        job.wait(timeout=120)
+        assert len(os.listdir(tmp_path)) >= 3      # a database per instance
+        assert sum(job.state_size("totals").values()) == zipf_frame.key.nunique()
+        truth = zipf_frame.groupby("key").agg(**AGG)
+        pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
+        check_emitted(totals, truth)
+        assert {h.get("kind", "migration") for h in job.history} >= {"migration", "rescale"}

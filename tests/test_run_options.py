@@ -29,6 +29,8 @@ from streamlb._job import RunOptions
     ({"autoscale": {"a": "x"}}, r"autoscale\['a'\] must be \(min, max\)"),
     ({"autoscale": {"a": (3, 1)}}, r"autoscale\['a'\] = \(3, 1\): need 1 <= min <= max <= 1024"),
     ({"restart_attempts": -1}, r"run\(restart_attempts=-1\): restart_attempts must be an integer >= 0"),
+    ({"state_backend": "rocks"}, r"run\(state_backend='rocks'\): unknown state backend 'rocks'; valid backends: "
+                                 r"'memory', 'rocksdb'"),
 ])
 def test_a_bad_argument_is_refused_by_name(kwargs, message):
     with pytest.raises(PipelineError, match=message):
@@ -50,6 +52,9 @@ def test_checkpoint_arguments(tmp_path):
 
 
 def test_a_bad_setting_is_named():
+    with dask.config.set({"streamlb.state.backend": "disk"}):
+        with pytest.raises(PipelineError, match=r"setting streamlb.state.backend: unknown state backend 'disk'"):
+            RunOptions.build()
     with dask.config.set({"streamlb.key-groups": -3, "streamlb.channel.credits": 0}):
         with pytest.raises(PipelineError, match=r"setting streamlb.key-groups: .* got -3"):
             RunOptions.build()

@@ -205,6 +205,33 @@ class TestAggregateStateInSmallShards(TestAggregateState):
         assert len(self.filled(batches).shards) == G
 
 
+class TestRocksAggregateState(TestAggregateState):
+    """The same contract with the state in RocksDB (``state_backend="rocksdb"``)."""
+
+    @pytest.fixture(autouse=True)
+    def directory(self, tmp_path):
+        self.dir = str(tmp_path)
+
+    def make(self) -> StateStore:
+        from streamlb._state._rocks import RocksAggregateState
+
+        return RocksAggregateState("agg", SPEC, "k", G, self.dir)
+
+    def test_its_files_are_removed_when_it_is_closed(self, batches):
+        import os
+
+        store = self.filled(batches)
+        assert os.listdir(store.path)
+        store.close()
+        assert not os.path.exists(store.path)
+
+    def test_a_key_group_is_one_range_of_the_database(self, batches):
+        store = self.filled(batches)
+        raw = list(store.db.keys())
+        groups = [int.from_bytes(bytes(k[:4]), "big") for k in raw]
+        assert groups == sorted(groups) and set(groups) == set(np.flatnonzero(store.held).tolist())
+
+
 class TestStatefulMapState(StoreContract):
     def make(self) -> StatefulMapState:
         return StatefulMapState("smap", running_sum, "k", G)
@@ -230,6 +257,6 @@ def test_make_store_builds_the_store_of_each_stateful_kind():
 
 
 def test_make_store_rejects_an_unknown_backend_naming_the_valid_ones():
-    assert BACKENDS == ("memory",)
-    with pytest.raises(ValueError, match="'rocks'.*memory"):
+    assert BACKENDS == ("memory", "rocksdb")
+    with pytest.raises(ValueError, match="'rocks'.*memory, rocksdb"):
         make_store(_stage("aggregate"), G, backend="rocks")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 import warnings
 
 warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
@@ -32,6 +33,40 @@ class _OneShot:
     timeout = 1800
     number = 1
     repeat = 1
+
+
+class _Sitting(_OneShot):
+    """asv settings of a sitting that alternates two systems and tracks their ratio."""
+
+    timeout = 3600
+    unit = "ratio"
+
+
+def timed_totals(client, path: str, **run_kw) -> tuple[float, object]:
+    """Seconds from ``run()`` to ``wait()``'s return (start-up included) of a keyed count
+    and sum over the Parquet log ``path``, and the totals (``job.state``)."""
+    from streamz import Stream
+
+    import streamlb
+
+    src = Stream.from_parquet(path)
+    src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")
+    t0 = time.perf_counter()
+    job = streamlb.run(src, client=client, **run_kw)
+    try:
+        job.wait()
+        took = time.perf_counter() - t0
+        totals = job.state("totals")
+    finally:
+        job.stop()
+    return took, totals
+
+
+def markdown_table(header: list, rows: list, out) -> None:
+    """Print ``rows`` (lists of cells) under ``header`` as a Markdown table."""
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header), file=out)
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |", file=out)
 
 
 class _SpeedupOverStatic(_OneShot):

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from ._common import _OneShot, cluster, zipf_dataset
+from ._common import _Sitting, cluster, timed_totals, zipf_dataset
 
 KEYS, SKEW = 100_000, 1.2
 FILES = {5_000_000: 8, 40_000_000: 16}
@@ -24,21 +24,7 @@ FILES = {5_000_000: 8, 40_000_000: 16}
 def streamlb_seconds(client, path: str) -> tuple[float, object]:
     """Seconds from ``run()`` to ``wait()``'s return (the job's start-up included), and
     the totals."""
-    from streamz import Stream
-
-    import streamlb
-
-    src = Stream.from_parquet(path)
-    src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")
-    t0 = time.perf_counter()
-    job = streamlb.run(src, client=client)
-    try:
-        job.wait()
-        took = time.perf_counter() - t0
-        totals = job.state("totals")
-    finally:
-        job.stop()
-    return took, totals
+    return timed_totals(client, path)
 
 
 def spark_seconds(spark, path: str) -> tuple[float, object]:
@@ -97,11 +83,8 @@ def sitting(rows_list=(5_000_000, 40_000_000), rounds: int = 3, out=sys.stdout) 
     return result
 
 
-class Peers(_OneShot):
+class Peers(_Sitting):
     """asv: the median ratio over 3 alternating rounds at 5M and 40M rows."""
-
-    timeout = 3600
-    unit = "ratio"
 
     def setup_cache(self):
         return sitting()["ratio"]

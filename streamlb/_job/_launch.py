@@ -102,6 +102,7 @@ def plan_on(client, node, options: RunOptions):
     p = plan(node, workers=len(workers), key_groups=options.key_groups, batch_size=options.batch_size,
              parallelism=options.parallelism)
     pace_batches(p, options.window, given=options.batch_size_given)
+    options.stamp_state(p.stages)
     if options.restored is not None:
         from .._checkpoint._restore import check_compatible
 

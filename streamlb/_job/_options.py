@@ -90,6 +90,23 @@ def _autoscale(autoscale: Any, key_groups: int) -> Mapping[str, tuple[int, int]]
     return out
 
 
+def _backend(given: str | None) -> str:
+    """The state backend asked for (else the setting), known and importable."""
+    from .._state._backends import BACKENDS
+
+    value = config.get("state.backend", given)
+    if value not in BACKENDS:
+        raise PipelineError(f"{_source('state_backend', 'state.backend', given)}: unknown state backend "
+                            f"{value!r}; valid backends: {', '.join(map(repr, BACKENDS))}")
+    if value == "rocksdb":
+        try:
+            import rocksdict  # noqa: F401
+        except ImportError:
+            raise PipelineError("state_backend='rocksdb' needs the rocksdict package on the driver and every "
+                                "worker: pip install 'streamlb[rocksdb]'") from None
+    return value
+
+
 def _restored(restore: str | None) -> tuple[dict, str] | None:
     """The manifest and base of the checkpoint ``restore`` names, its files verified."""
     if restore is None:
@@ -130,6 +147,8 @@ class RunOptions:
     restored: tuple[dict, str] | None = field(compare=False, repr=False)
     restart_attempts: int
     connect_timeout: float
+    state_backend: str = "memory"
+    state_dir: str | None = None
 
     @classmethod
     def build(cls, *, address: Any = None, n_workers: int | None = None, key_groups: int | None = None,
@@ -137,7 +156,8 @@ class RunOptions:
               credits: int | None = None, balancer: Any = None, migration: str | None = None,
               balancer_options: dict | None = None, autoscale: dict | bool | None = None, scaler: Any = "ds2",
               scaler_options: dict | None = None, checkpoint: str | None = None, checkpoint_interval: Any = None,
-              restore: str | None = None, restart_attempts: int | None = None) -> RunOptions:
+              restore: str | None = None, restart_attempts: int | None = None,
+              state_backend: str | None = None) -> RunOptions:
         """The options of ``run(...)`` with these arguments (see :func:`streamlb.run`).
 
         Raises
@@ -182,6 +202,7 @@ class RunOptions:
             restore=restore, restored=restored,
             restart_attempts=_integer("restart_attempts", "checkpoint.restart-attempts", restart_attempts, low=0),
             connect_timeout=_seconds("connect-timeout", "connect-timeout", None),
+            state_backend=_backend(state_backend), state_dir=config.get("state.dir"),
         )
         if checkpoint is not None:
             options._check_checkpoint()
@@ -198,6 +219,26 @@ class RunOptions:
         except ValueError as exc:       # it names the setting and the valid values
             raise PipelineError(str(exc)) from None
         check_writable(self.checkpoint)
+
+    def stamp_state(self, stages) -> None:
+        """Give each keyed stage the state backend; the state of the kinds it cannot hold
+        yet stays in memory, and the log says which operators."""
+        if self.state_backend == "memory":
+            return
+        import logging
+
+        from .._state._backends import ROCKSDB_KINDS
+
+        kept = []
+        for st in stages:
+            if st.kind in ROCKSDB_KINDS:
+                st.state = {"backend": self.state_backend, "dir": self.state_dir}
+            elif st.kind in ("stateful_map", "window", "join", "process"):
+                kept.append(f"{st.name!r} ({st.kind})")
+        if kept:
+            logging.getLogger("streamlb.state").warning(
+                "state_backend=%r holds the state of %s operators so far; the state of %s stays in memory",
+                self.state_backend, "/".join(ROCKSDB_KINDS), ", ".join(kept))
 
     def autoscale_ranges(self, stages) -> dict[str, tuple[int, int]]:
         """The (min, max) parallelism of each operator to autoscale, among the planned

@@ -5,8 +5,26 @@ from ._aggregate import AggregateState
 from ._base import StateStore
 from ._stateful_map import StatefulMapState
 
-# Storage backends a store can live in; all state is in memory today.
-BACKENDS = ("memory",)
+# Storage backends a store can live in: memory, or RocksDB (aggregates; see ._rocks).
+BACKENDS = ("memory", "rocksdb")
+ROCKSDB_KINDS = ("aggregate",)       # what the RocksDB backend holds so far
+
+
+def state_directory(configured: str | None) -> str:
+    """Where an instance's RocksDB files go: ``streamlb.state.dir``, else the Dask worker's
+    local directory (else the temporary directory, outside a worker)."""
+    import os
+    import tempfile
+
+    if configured:
+        return os.path.expanduser(configured)
+    try:
+        from distributed import get_worker
+
+        base = get_worker().local_directory
+    except ValueError:          # not on a worker
+        base = tempfile.gettempdir()
+    return os.path.join(base, "streamlb-state")
 
 
 def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore | None:
@@ -20,7 +38,8 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
     key_groups : int
         Key groups of the job.
     backend : str, optional
-        One of :data:`BACKENDS`; None means "memory".
+        One of :data:`BACKENDS`; None means the stage's own (``stage.state``, set by
+        ``run(state_backend=...)``), else "memory".
 
     Returns
     -------
@@ -41,9 +60,15 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
     >>> make_store(SimpleNamespace(kind="map"), 16) is None
     True
     """
-    backend = "memory" if backend is None else backend
+    state = getattr(stage, "state", None) or {}
+    backend = backend or state.get("backend") or "memory"
     if backend not in BACKENDS:
         raise ValueError(f"unknown state backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if backend == "rocksdb" and stage.kind == "aggregate":
+        from ._rocks import RocksAggregateState
+
+        return RocksAggregateState(stage.name, stage.spec, stage.key_name, key_groups,
+                                   state_directory(state.get("dir")))
     if stage.kind == "aggregate":
         return AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
     if stage.kind == "stateful_map":

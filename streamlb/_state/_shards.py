@@ -305,20 +305,28 @@ class _AggShard:
         n = self.index.n
         sel = np.flatnonzero(self.present[:n]) if slots is None else slots
         keys = self.index.keys[sel] if self.index.keys is not None else np.empty(0, np.int64)
-        out = {}
-        for name, (c, how) in self.o.spec.items():
-            if c not in self.o.dtypes or c not in self.cnt:
-                out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
-                continue
-            cnt = self.cnt[c][sel]
-            if how == "count":
-                out[name] = cnt
-            elif how == "sum":
-                out[name] = self.sum[c][sel]
-            elif how == "mean":
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    out[name] = self.sum[c][sel] / np.where(cnt == 0, np.nan, cnt)
-            else:
-                v = getattr(self, how)[c][sel]
-                out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v
-        return pd.DataFrame(out, index=pd.Index(keys, name=self.o.key_name))
+        wanted = {(how if how in ("min", "max") else "sum", c) for c, how in self.o.spec.values()}
+        tables = {t: a[sel] for t, a in self.columns().items() if t[0] == "cnt" or t in wanted}
+        return frame_of(self.o.spec, self.o.dtypes, self.o.key_name, keys, tables)
+
+
+def frame_of(spec: dict, dtypes: dict, key_name: str, keys: np.ndarray, tables: dict) -> pd.DataFrame:
+    """The aggregates ``spec`` names, indexed by key, from the state tables of ``keys``
+    (``(table, column)`` -> one value per key; a column not seen yet counts nothing)."""
+    out = {}
+    for name, (c, how) in spec.items():
+        if c not in dtypes or ("cnt", c) not in tables:
+            out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
+            continue
+        cnt = tables[("cnt", c)]
+        if how == "count":
+            out[name] = cnt
+        elif how == "sum":
+            out[name] = tables[("sum", c)]
+        elif how == "mean":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[name] = tables[("sum", c)] / np.where(cnt == 0, np.nan, cnt)
+        else:
+            v = tables[(how, c)]
+            out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v
+    return pd.DataFrame(out, index=pd.Index(keys, name=key_name))
