@@ -85,6 +85,7 @@ def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
     A Parquet source read at full speed (no ``rate=``) by aggregates alone takes larger
     batches (the setting ``streamlb.aggregate-batch-size``): its batches go out summed per
     key, which costs per batch, not per row, and a larger batch has fewer keys per row.
+    Not for aggregates whose state is in RocksDB: their workers' memory is what they save.
     """
     by_id = {s.id: s for s in plan.stages}
     for st in plan.stages:
@@ -92,7 +93,7 @@ def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
             continue
         if not st.rate:
             if st.kind == "parquet_source" and config.get("exchange.combine") and _aggregates_only(st, by_id) \
-                    and all(by_id[c.target].cost is None for c in st.children):
+                    and all(by_id[c.target].cost is None and not by_id[c.target].state for c in st.children):
                 st.batch_size = max(st.batch_size, int(config.get("aggregate-batch-size")))
             continue
         per_window = st.rate / st.parallelism * window

@@ -426,9 +426,12 @@ class Job:
         return self._reconfigure.split(operator, key, helpers)
 
     # -- results (streamlb._job._results) ----------------------------------------------------------
-    def state(self, operator: str) -> pd.DataFrame:
-        """Keyed state of ``operator``: a DataFrame indexed by key, sorted by key."""
-        return self._results.state(operator)
+    def state(self, operator: str, key_groups=None) -> pd.DataFrame:
+        """Keyed state of ``operator``: a DataFrame indexed by key, sorted by key.
+
+        ``key_groups`` (an aggregate's): only the keys of these key groups, so a state
+        larger than memory can be read a slice at a time (see docs/state.md)."""
+        return self._results.state(operator, key_groups)
 
     def state_size(self, operator: str) -> dict[int, int]:
         """Keys held by each instance of ``operator`` (cheap: no state is copied)."""

@@ -197,3 +197,29 @@ def test_shipping_a_function_keeps_the_users_own_pickle_by_value_registration():
         cloudpickle.unregister_pickle_by_value(sys.modules[name])
     assert cloudpickle.loads(UserFunction(_shipped).payload())(1) == 2
     assert name not in cloudpickle.list_registry_pickle_by_value()
+
+
+def test_a_worker_restarted_for_its_memory_is_named_with_the_limit_and_rocksdb(tmp_path):
+    """Keyed state past the workers' memory limit: the nanny restarts the worker, and the
+    job's error says so (the limit, the keys held there) and names state_backend='rocksdb'."""
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from streamlb import JobFailedError
+
+    keys = np.random.default_rng(0).permutation(6_000_000)
+    path = tmp_path / "distinct"
+    path.mkdir()
+    for i, part in enumerate(np.array_split(keys, 6)):
+        pd.DataFrame({"key": part, "value": part % 7}).to_parquet(path / f"part-{i}.parquet", index=False)
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="450MiB", dashboard_address=":0",
+                      silence_logs=50) as cl, Client(cl) as c:
+        src = Stream.from_parquet(str(path))
+        src.key_by("key").aggregate({"n": ("value", "count")}, name="totals")
+        job = streamlb.run(src, client=c)
+        with pytest.raises(JobFailedError) as info:
+            job.wait(timeout=120)
+        job.stop()
+    msg = str(info.value)
+    assert "exceeding its memory limit" in msg and "memory_limit 0.44 GiB" in msg, msg
+    assert "state_backend='rocksdb'" in msg, msg

@@ -192,6 +192,11 @@ class TestAggregateState(StoreContract):
         cleaned, bad, reasons = self.make().clean(frame)
         assert cleaned is frame and bad is None and reasons == []
 
+    def test_frame_of_some_key_groups(self, batches):
+        store = self.filled(batches)
+        for groups in ([0], [1, 2, 5], []):
+            _assert_same(store.frame_of_groups(groups), _of_groups(self.truth(pd.concat(batches)), groups))
+
 
 class TestAggregateStateInSmallShards(TestAggregateState):
     """The same contract while shards split mid-stream (at once: the background splits
@@ -209,8 +214,11 @@ class TestRocksAggregateState(TestAggregateState):
     """The same contract with the state in RocksDB (``state_backend="rocksdb"``)."""
 
     @pytest.fixture(autouse=True)
-    def directory(self, tmp_path):
+    def directory(self, tmp_path, monkeypatch):
+        from streamlb._state import _rocks
+
         self.dir = str(tmp_path)
+        monkeypatch.setattr(_rocks, "SCAN_CHUNK", 7)       # scans decoded in many chunks
 
     def make(self) -> StateStore:
         from streamlb._state._rocks import RocksAggregateState

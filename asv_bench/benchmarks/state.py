@@ -66,6 +66,110 @@ def sitting(datasets: list[tuple[str, int, int]], rounds: int = 3, out=sys.stdou
     return result
 
 
+def distinct_log(keys: int, files: int = 16) -> str:
+    """Every key of ``0..keys-1`` once, in random order, over ``files`` Parquet files;
+    ``value = key % 1000``: the ground truth is known without holding the keys anywhere."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ._common import DATA
+
+    path = os.path.abspath(os.path.join(DATA, f"distinct-{keys}-{files}"))
+    done = os.path.join(path, "_done")
+    if os.path.exists(done):
+        return path
+    os.makedirs(path, exist_ok=True)
+    order = np.random.default_rng(0).permutation(keys)
+    for i, part in enumerate(np.array_split(order, files)):
+        pq.write_table(pa.table({"key": part, "value": (part % 1000).astype(np.float64)}),
+                       os.path.join(path, f"part-{i:03d}.parquet"))
+    open(done, "w").close()
+    return path
+
+
+def _watch_rss(client, peaks: dict, stop) -> None:
+    """Peak resident memory of each worker process, sampled every 0.2 s until ``stop`` is set."""
+    import os
+
+    import psutil
+
+    def rss():
+        return psutil.Process(os.getpid()).memory_info().rss
+
+    while not stop.wait(0.2):
+        try:
+            for w, r in client.run(rss).items():
+                peaks[w] = max(peaks.get(w, 0), r)
+        except Exception:
+            pass
+
+
+def _exact_by_slices(job, keys: int, step: int = 32) -> bool:
+    """Whether the state holds every key of ``0..keys-1`` once, each with count 1 and sum
+    ``key % 1000``: read ``step`` key groups at a time (never every key in one frame).
+    Key groups partition the keys, so unique keys per slice and ``keys`` in all make the set."""
+    import numpy as np
+
+    seen = 0
+    for lo in range(0, job.key_groups, step):
+        part = job.state("totals", key_groups=range(lo, min(lo + step, job.key_groups)))
+        k = part.index.to_numpy()
+        if not (part.index.is_unique and ((k >= 0) & (k < keys)).all() and (part["count"].to_numpy() == 1).all()
+                and np.array_equal(part["sum"].to_numpy(), (k % 1000).astype(float))):
+            return False
+        seen += len(part)
+    return seen == keys
+
+
+def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory", "rocksdb"),
+                  out=sys.stdout) -> dict:
+    """A keyed count and sum over ``keys`` distinct keys on 2 workers of ``memory_limit=limit``,
+    per backend: what happened (finished, or the error), records/s, the peak RSS per worker,
+    and for a finished job whether its state is exact (count 1 and sum ``key % 1000`` for
+    every key, checked in numpy)."""
+    import threading
+
+    from distributed import Client, LocalCluster
+    from streamz import Stream
+
+    import streamlb
+
+    path = distinct_log(keys)
+    results = {}
+    for backend in backends:
+        with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=":0",
+                          silence_logs=50) as cl, Client(cl) as client:
+            peaks: dict = {}
+            stop = threading.Event()
+            watcher = threading.Thread(target=_watch_rss, args=(client, peaks, stop), daemon=True)
+            watcher.start()
+            src = Stream.from_parquet(path)
+            src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")
+            t0 = time.perf_counter()
+            job = streamlb.run(src, client=client, state_backend=backend)
+            outcome, exact = "finished", None
+            try:
+                job.wait(timeout=1800, progress=out is sys.stdout)
+                took = time.perf_counter() - t0
+                exact = _exact_by_slices(job, keys)
+            except Exception as exc:
+                took = time.perf_counter() - t0
+                outcome = f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                stop.set()
+                watcher.join()
+                job.stop()
+        results[backend] = {"outcome": outcome, "seconds": took, "exact": exact,
+                            "peak_rss_mib": sorted(round(v / 2**20) for v in peaks.values())}
+        rate = f"{keys / took / 1e6:.2f}M rec/s" if outcome == "finished" else "-"
+        print(f"{backend}: {outcome} after {took:.1f} s ({rate}); exact: {exact}; peak RSS per worker "
+              f"{results[backend]['peak_rss_mib']} MiB (limit {limit})", file=out, flush=True)
+    return results
+
+
 class StateBackends(_Sitting):
     """asv: RocksDB's records/s over memory's, median of 3 alternating rounds, 5M rows Zipf(1.2)."""
 
@@ -82,7 +186,13 @@ def main(argv=None) -> None:
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--distinct", type=int, default=0, help="rows of a uniform log with rows/4 keys (0: skip)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--beyond-memory", type=int, default=0, metavar="KEYS",
+                   help="instead: KEYS distinct keys on 2 workers of --limit memory, each backend once")
+    p.add_argument("--limit", default="1GiB")
     a = p.parse_args(argv)
+    if a.beyond_memory:
+        beyond_memory(a.beyond_memory, a.limit)
+        return
     data = [("zipf", a.rows, a.keys)]
     if a.distinct:
         data.append(("uniform", a.distinct, a.distinct // 4))

@@ -101,8 +101,8 @@ def plan_on(client, node, options: RunOptions):
         raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
     p = plan(node, workers=len(workers), key_groups=options.key_groups, batch_size=options.batch_size,
              parallelism=options.parallelism)
-    pace_batches(p, options.window, given=options.batch_size_given)
     options.stamp_state(p.stages)
+    pace_batches(p, options.window, given=options.batch_size_given)
     if options.restored is not None:
         from .._checkpoint._restore import check_compatible
 

@@ -147,10 +147,12 @@ class Lifecycle:
         return out
 
     def _unreachable(self, k, exc: BaseException):
+        from ._memory import memory_note
+
         job = self.job
         st = job.plan.stages[k[0]]
         raise JobFailedError(f"instance {st.name}[{k[1]}] on {job.workers_of.get(k)} is unreachable: "
-                             f"{type(exc).__name__}: {exc}") from exc
+                             f"{type(exc).__name__}: {exc}{memory_note(job, job.workers_of.get(k))}") from exc
 
     def wait(self, timeout: float | None, progress: bool):
         """See :meth:`streamlb.Job.wait`."""

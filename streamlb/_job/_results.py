@@ -70,14 +70,33 @@ class Results:
             raise PipelineError(f"operator {operator!r} is a {st.kind} and holds no keyed state")
         return actors
 
-    def state(self, operator: str) -> pd.DataFrame:
+    def state(self, operator: str, key_groups=None) -> pd.DataFrame:
         """See :meth:`streamlb.Job.state`."""
-        parts = [f.result() for f in [a.state() for a in self._keyed_state(operator)]]
         st = self.job.plan.stage(operator)
+        if key_groups is not None:
+            key_groups = self._key_groups(st, key_groups)
+        parts = [f.result() for f in [a.state(key_groups) for a in self._keyed_state(operator)]]
         if st.kind == "window":       # the open windows, in the output's columns
             out = pd.concat(parts, ignore_index=True)
             return out.sort_values([st.key_name, "window_start", "window_end"], kind="stable").reset_index(drop=True)
         return pd.concat(parts).sort_index()
+
+    def _key_groups(self, st, key_groups) -> list[int]:
+        """``key_groups`` checked: ints within the job's key groups, for an aggregate."""
+        G = self.job.key_groups
+        if st.kind != "aggregate":
+            raise PipelineError(f"state({st.name!r}, key_groups=...): only an aggregate's state is read by key "
+                                f"group; {st.name!r} is a {st.kind}")
+        try:
+            groups = sorted({int(g) for g in key_groups})
+        except (TypeError, ValueError):
+            raise PipelineError(f"state({st.name!r}, key_groups={key_groups!r}): key groups are integers in "
+                                f"0..{G - 1}") from None
+        bad = [g for g in groups if not 0 <= g < G]
+        if bad:
+            raise PipelineError(f"state({st.name!r}, key_groups=...): key group {bad[0]} is not one of the "
+                                f"job's 0..{G - 1}")
+        return groups
 
     def state_size(self, operator: str) -> dict[int, int]:
         """See :meth:`streamlb.Job.state_size`."""

@@ -11,7 +11,7 @@ from ..exceptions import SchemaError
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._index import _KeyIndex
-from ._shards import _AggShard, _PendingSplit
+from ._shards import _AggShard, _PendingSplit, frame_of
 
 # Aggregate state lives in shards, each holding a range of key groups. A shard that grows
 # past SHARD_KEYS keys splits in two, so a migration cuts, compacts and installs pieces of
@@ -413,6 +413,10 @@ class AggregateState(StateStore):
             return self.shards[0].frame()
         return parts[0] if len(parts) == 1 else pd.concat(parts)
 
+    def frame_of_groups(self, groups) -> pd.DataFrame:
+        """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
+        return frame_of_blob(self, self._blob([sh.part(sh.slots_of(gs)) for sh, gs in self._groups_by_shard(groups)]))
+
     def __len__(self) -> int:
         return sum(int(sh.live) for sh in self.shards)
 
@@ -427,3 +431,14 @@ class AggregateState(StateStore):
         """dtype kind of the keys' hash tables: ``"i"``, ``"u"`` or ``"O"``."""
         kinds = [np.dtype(sh.index.dtype).kind for sh in self.shards if sh.index.dtype is not None]
         return kinds[0] if kinds else None
+
+
+def frame_of_blob(store, blob: dict) -> pd.DataFrame:
+    """The aggregates of ``store``'s spec over the keys of a blob (of its ``cut`` or
+    ``snapshot``), as its ``frame`` gives them."""
+    parts = [p for p in blob["parts"] if len(p["keys"])]
+    if not parts:
+        return frame_of(store.spec, {}, store.key_name, np.empty(0, np.int64), {})
+    keys = np.concatenate([p["keys"] for p in parts])
+    tables = {t: np.concatenate([p["tables"][t] for p in parts]) for t in parts[0]["tables"]}
+    return frame_of(store.spec, store.dtypes, store.key_name, keys, tables)

@@ -28,14 +28,14 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import KeyTypeError
-from ._aggregate import AggregateState
+from ._aggregate import AggregateState, frame_of_blob
 from ._base import StateStore
-from ._shards import frame_of
 
 _FIXED = np.dtype([("g", ">u4"), ("k", ">u8")])     # a key group and an integer key
 _SIGN = np.uint64(1 << 63)
 CACHE_BYTES = 64 << 20          # block cache per instance
 WRITE_BUFFER = 32 << 20         # memtable size per instance
+SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
 
 
 def _open(path: str):
@@ -164,6 +164,7 @@ class RocksAggregateState(StateStore):
         """The batch's own aggregate per key (in memory): blob parts."""
         tmp = AggregateState(self.operator, self.spec, self.key_name, self.groups)
         tmp.dtypes = self.mem.dtypes         # the first batch sets them for both
+        tmp._split_large = _no_split         # one batch's keys: never worth splitting
         tmp.update_columns(keys, groups, cols)
         return [sh.part(np.flatnonzero(sh.present[:sh.index.n])) for sh in tmp.shards if sh.index.n]
 
@@ -211,15 +212,12 @@ class RocksAggregateState(StateStore):
     def frame(self, touched: list | None = None) -> pd.DataFrame:
         """State as a DataFrame indexed by key; only the keys a batch touched if given."""
         if touched is None:
-            parts = [self._scan(0, self.groups)]
-        else:
-            parts = [{"keys": k, "tables": t} for k, t in touched]
-        parts = [p for p in parts if len(p["keys"])]
-        if not parts:
-            return frame_of(self.spec, {}, self.key_name, np.empty(0, np.int64), {})
-        keys = np.concatenate([p["keys"] for p in parts])
-        tables = {t: np.concatenate([p["tables"][t] for p in parts]) for t in parts[0]["tables"]}
-        return frame_of(self.spec, self.dtypes, self.key_name, keys, tables)
+            return self.frame_of_groups(range(self.groups))
+        return frame_of_blob(self, {"parts": [{"keys": k, "tables": t} for k, t in touched]})
+
+    def frame_of_groups(self, groups) -> pd.DataFrame:
+        """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
+        return frame_of_blob(self, self.snapshot(groups))
 
     # -- key-group ranges --------------------------------------------------------------------------
     def _runs(self, groups) -> list[tuple[int, int]]:
@@ -237,13 +235,23 @@ class RocksAggregateState(StateStore):
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix(hi))
         ro.fill_cache(False)
-        raw, vals = [], []
+        chunks, raw, vals = [], [], []
         for k, v in self.db.items(from_key=_prefix(lo), read_opt=ro):
             raw.append(k)
             vals.append(v)
+            if len(raw) == SCAN_CHUNK:          # decoded as it goes: never a list of every key
+                chunks.append(self._decoded(raw, vals))
+                raw, vals = [], []
+        chunks.append(self._decoded(raw, vals))
+        if len(chunks) == 1:
+            return chunks[0]
+        return {"keys": np.concatenate([c["keys"] for c in chunks]),
+                "key_groups": np.concatenate([c["key_groups"] for c in chunks]),
+                "tables": {t: np.concatenate([c["tables"][t] for c in chunks]) for t in chunks[0]["tables"]}}
+
+    def _decoded(self, raw: list, vals: list) -> dict:
         keys, groups = self._decode_keys(raw)
-        tables = self._tables_of(vals) if self.tables is not None else {}
-        return {"keys": keys, "key_groups": groups, "tables": tables}
+        return {"keys": keys, "key_groups": groups, "tables": self._tables_of(vals) if self.tables is not None else {}}
 
     def _blob(self, parts: list) -> dict:
         parts = [p for p in parts if len(p["keys"])]
@@ -325,6 +333,10 @@ class RocksAggregateState(StateStore):
 
     def key_kind(self) -> str | None:
         return self.kind
+
+
+def _no_split(shards) -> None:
+    """A batch's own aggregate is dropped after one merge: its shard never splits."""
 
 
 def _identity(name: str, dt: np.dtype, n: int) -> np.ndarray:

@@ -21,7 +21,8 @@ class Readable:
                 "dead_letters": [] if staged else self.dead.take(),
                 "offered_rate": self.source.offered_rate if self.source else None,
                 "lag": self.source.lag if self.source else 0.0,
-                "watermark": self.watermarks.status()}
+                "watermark": self.watermarks.status(),
+                "keys": len(self.store) if self.store is not None and self.stage.kind == "aggregate" else None}
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)
@@ -37,9 +38,10 @@ class Readable:
         """Keys held here of each of ``groups`` (on the loop, where the store changes)."""
         return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
 
-    async def state(self) -> pd.DataFrame:
-        """The keyed state held here, once no merging lazy move is half done (no key counted twice)."""
+    async def state(self, groups: list[int] | None = None) -> pd.DataFrame:
+        """The keyed state held here (of key groups ``groups``, an aggregate's), once no
+        merging lazy move is half done (no key counted twice)."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
         await self.owner.merged(config.seconds("migration.timeout"), lambda: self.status == "running")
-        return self.store.frame()
+        return self.store.frame() if groups is None else self.store.frame_of_groups(groups)
