@@ -36,6 +36,7 @@ _SIGN = np.uint64(1 << 63)
 CACHE_BYTES = 64 << 20          # block cache per instance
 WRITE_BUFFER = 32 << 20         # memtable size per instance
 SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
+MERGE_CHUNK = 1 << 16           # keys of a batch merged at a time
 
 
 def _open(path: str):
@@ -177,12 +178,21 @@ class RocksAggregateState(StateStore):
 
     def _merge(self, keys: np.ndarray, groups: np.ndarray, tables: dict) -> tuple:
         """Add ``tables`` (one row per key) to what the keys hold: counts and sums add, minima
-        and maxima take the extreme. Returns ``(keys, their new tables)``."""
+        and maxima take the extreme; ``MERGE_CHUNK`` keys at a time (one multi-get and one
+        write batch each), so a large batch never holds a Python object per key of it.
+        Returns ``(keys, their new tables)``."""
         tables = {t: a if a.flags.writeable else a.copy() for t, a in self.mem._as_held(tables).items()}
         self._layout(tables)
         for t in self.tables:
             if t not in tables:          # a partial without this table: its identity
                 tables[t] = _identity(t[0], self.row[f"f{self.tables.index(t)}"], len(keys))
+        for a in range(0, len(keys), MERGE_CHUNK):
+            b = a + MERGE_CHUNK
+            self._merge_chunk(keys[a:b], groups[a:b], {t: v[a:b] for t, v in tables.items()})
+        return keys, tables
+
+    def _merge_chunk(self, keys: np.ndarray, groups: np.ndarray, tables: dict) -> None:
+        """:meth:`_merge` of one chunk; ``tables``' arrays (views) take the merged values."""
         raw = self._encode(keys, groups)
         old = self.db.get(raw)
         found = np.fromiter((v is not None for v in old), bool, len(old))
@@ -199,7 +209,6 @@ class RocksAggregateState(StateStore):
         self.held += np.bincount(groups[~found], minlength=self.groups)
         self._put(raw, self._values(tables, len(keys)))
         self.mark_dirty(groups)
-        return keys, tables
 
     def _put(self, raw: list, values: list) -> None:
         from rocksdict import WriteBatch
