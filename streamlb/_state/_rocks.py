@@ -48,7 +48,10 @@ def _open(path: str):
     opts.set_max_write_buffer_number(2)
     table = BlockBasedOptions()
     table.set_block_cache(Cache(CACHE_BYTES))
+    table.set_bloom_filter(10, False)       # a new key's look-up skips the files (most keys of a batch)
     opts.set_block_based_table_factory(table)
+    opts.set_memtable_prefix_bloom_ratio(0.1)
+    opts.set_memtable_whole_key_filtering(True)
     db = Rdict(path, opts)
     wo = WriteOptions()
     wo.disable_wal = True
@@ -186,6 +189,9 @@ class RocksAggregateState(StateStore):
         for t in self.tables:
             if t not in tables:          # a partial without this table: its identity
                 tables[t] = _identity(t[0], self.row[f"f{self.tables.index(t)}"], len(keys))
+        if keys.dtype.kind in "iub" and len(keys) > 1:      # in the database's order: look-ups and inserts in key order
+            order = np.lexsort((keys, groups))
+            keys, groups, tables = keys[order], groups[order], {t: v[order] for t, v in tables.items()}
         for a in range(0, len(keys), MERGE_CHUNK):
             b = a + MERGE_CHUNK
             self._merge_chunk(keys[a:b], groups[a:b], {t: v[a:b] for t, v in tables.items()})
