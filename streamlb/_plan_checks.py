@@ -86,8 +86,9 @@ def pace_batches(plan: Plan, window: float, given: bool = False) -> None:
     batches (the setting ``streamlb.aggregate-batch-size``): its batches go out summed per
     key, which costs per batch, not per row, and a larger batch has fewer keys per row.
     For aggregates whose state is in RocksDB, a quarter of that: their workers' memory is
-    what they save (30M distinct keys on 2 workers of 1 GiB peaked at 860 MiB a worker with
-    the full size, 650 MiB with a quarter, 570 MiB with 65536 rows).
+    what they save (30M distinct keys on 2 workers of 1 GiB, before the store's buffer,
+    peaked at 860 MiB a worker with the full size, 650 MiB with a quarter, 570 MiB with
+    65536 rows).
     """
     by_id = {s.id: s for s in plan.stages}
     for st in plan.stages:

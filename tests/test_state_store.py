@@ -219,6 +219,7 @@ class TestRocksAggregateState(TestAggregateState):
 
         self.dir = str(tmp_path)
         monkeypatch.setattr(_rocks, "SCAN_CHUNK", 7)       # scans decoded in many chunks
+        monkeypatch.setattr(_rocks, "BUFFER_KEYS", 5)      # batches flushed to the database mid-stream too
 
     def make(self) -> StateStore:
         from streamlb._state._rocks import RocksAggregateState

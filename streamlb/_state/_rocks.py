@@ -37,6 +37,7 @@ CACHE_BYTES = 64 << 20          # block cache per instance
 WRITE_BUFFER = 32 << 20         # memtable size per instance
 SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
 MERGE_CHUNK = 1 << 16           # keys of a batch merged at a time
+BUFFER_KEYS = 1 << 16           # keys the batches add in memory before they go to the database
 
 
 def _open(path: str):
@@ -91,6 +92,7 @@ class RocksAggregateState(StateStore):
         self.tables: list[tuple] | None = None           # (table, column) of each value field
         self.row: np.dtype | None = None
         self.kind: str | None = None                     # "i", "u" or "O" (str)
+        self.buffer: AggregateState | None = None         # see _pending
 
     @property
     def dtypes(self) -> dict:
@@ -164,20 +166,42 @@ class RocksAggregateState(StateStore):
     def clean(self, frame: pd.DataFrame):
         return self.mem.clean(frame)
 
-    def _aggregate(self, keys: np.ndarray, groups: np.ndarray | None, cols: dict) -> list:
-        """The batch's own aggregate per key (in memory): blob parts."""
-        tmp = AggregateState(self.operator, self.spec, self.key_name, self.groups)
-        tmp.dtypes = self.mem.dtypes         # the first batch sets them for both
-        tmp._split_large = _no_split         # one batch's keys: never worth splitting
-        tmp.update_columns(keys, groups, cols)
-        return [sh.part(np.flatnonzero(sh.present[:sh.index.n])) for sh in tmp.shards if sh.index.n]
+    def _pending(self) -> AggregateState:
+        """The batches' aggregates not in the database yet (in memory, up to BUFFER_KEYS keys)."""
+        if self.buffer is None:
+            self.buffer = AggregateState(self.operator, self.spec, self.key_name, self.groups)
+            self.buffer.dtypes = self.mem.dtypes      # the first batch sets them for both
+            self.buffer._split_large = _no_split      # dropped at the next flush: never worth splitting
+        return self.buffer
+
+    def flush(self) -> None:
+        """Merge what the batches since the last flush added into the database (before
+        anything reads or moves the state, and whenever BUFFER_KEYS keys wait)."""
+        buf, self.buffer = self.buffer, None
+        if buf is None:
+            return
+        for sh in buf.shards:
+            if sh.index.n:
+                part = sh.part(np.flatnonzero(sh.present[:sh.index.n]))
+                self._merge(part["keys"], part["key_groups"], part["tables"])
+
+    def _buffered(self, keys: np.ndarray, groups: np.ndarray) -> list:
+        """After a batch went to the buffer: flush if full; what :meth:`frame` reads back."""
+        self.mark_dirty(groups)
+        if self.kind is None and len(keys):
+            self._encode(keys[:1], groups[:1])      # the keys' type, checked on the first batch
+        if len(self.buffer) >= BUFFER_KEYS:
+            self.flush()
+        return [(keys, groups)]
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
-        """Apply one batch; return its keys and their new state, for :meth:`frame`."""
+        """Apply one batch (to the buffer); return its keys, for :meth:`frame`."""
         return self.update_columns(frame[self.key_name].to_numpy(), groups, self.mem.columns_of(frame))
 
     def update_columns(self, keys: np.ndarray, groups: np.ndarray | None, cols: dict) -> list:
-        return [self._merge(p["keys"], p["key_groups"], p["tables"]) for p in self._aggregate(keys, groups, cols)]
+        groups = self._groups_of(keys) if groups is None else groups
+        self._pending().update_columns(keys, groups, cols)
+        return self._buffered(keys, groups)
 
     def _merge(self, keys: np.ndarray, groups: np.ndarray, tables: dict) -> tuple:
         """Add ``tables`` (one row per key) to what the keys hold: counts and sums add, minima
@@ -214,7 +238,6 @@ class RocksAggregateState(StateStore):
                     t[found] = np.maximum(t[found], arr)
         self.held += np.bincount(groups[~found], minlength=self.groups)
         self._put(raw, self._values(tables, len(keys)))
-        self.mark_dirty(groups)
 
     def _put(self, raw: list, values: list) -> None:
         from rocksdict import WriteBatch
@@ -228,7 +251,18 @@ class RocksAggregateState(StateStore):
         """State as a DataFrame indexed by key; only the keys a batch touched if given."""
         if touched is None:
             return self.frame_of_groups(range(self.groups))
-        return frame_of_blob(self, {"parts": [{"keys": k, "tables": t} for k, t in touched]})
+        self.flush()
+        parts = []
+        for keys, groups in touched:
+            keys, first = np.unique(keys, return_index=True)
+            parts.append({"keys": keys, "tables": self._read(keys, np.asarray(groups)[first])})
+        return frame_of_blob(self, {"parts": parts})
+
+    def _read(self, keys: np.ndarray, groups: np.ndarray) -> dict:
+        """The tables of ``keys`` (each held here), MERGE_CHUNK keys a multi-get."""
+        chunks = [self._tables_of(self.db.get(self._encode(keys[a:a + MERGE_CHUNK], groups[a:a + MERGE_CHUNK])))
+                  for a in range(0, len(keys), MERGE_CHUNK)]
+        return {t: np.concatenate([c[t] for c in chunks]) for t in self.tables} if chunks else {}
 
     def frame_of_groups(self, groups) -> pd.DataFrame:
         """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
@@ -278,11 +312,13 @@ class RocksAggregateState(StateStore):
 
     def snapshot(self, groups) -> dict:
         """A copy of the state of ``groups``, rows in key-group order."""
+        self.flush()
         return self._blob([self._scan(lo, hi) for lo, hi in self._runs(groups)])
 
     def cut(self, groups) -> dict:
         """Take the state of ``groups`` out (a range scan, then a range delete each run)."""
         groups = list(groups)
+        self.flush()
         self.mark_dirty(groups)
         parts = []
         for lo, hi in self._runs(groups):
@@ -297,6 +333,7 @@ class RocksAggregateState(StateStore):
 
         keys = np.asarray(keys)
         groups = self._groups_of(keys) if groups is None else np.asarray(groups, np.int64)
+        self.flush()
         if not len(keys) or self.tables is None:
             return self._blob([])
         raw = self._encode(keys, groups)
@@ -316,12 +353,15 @@ class RocksAggregateState(StateStore):
         """Merge state cut from another instance (or read from a checkpoint)."""
         for c, dt in blob["dtypes"].items():
             self.dtypes.setdefault(c, dt)
+        self.flush()
         for part in blob["parts"]:
             if len(part["keys"]):
+                self.mark_dirty(part["key_groups"])
                 self._merge(np.asarray(part["keys"]), np.asarray(part["key_groups"], np.int64),
                             dict(part["tables"]))
 
     def contains(self, keys: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+        self.flush()
         keys = np.asarray(keys)
         if not len(keys) or self.tables is None:
             return np.zeros(len(keys), bool)
@@ -334,17 +374,28 @@ class RocksAggregateState(StateStore):
         return self.mem.partial(frame, groups)
 
     def combine(self, blob: dict) -> list:
+        """Partial aggregates (a helper's, or the router's per batch) into the buffer."""
         for c, dt in blob["dtypes"].items():
             self.dtypes.setdefault(c, dt)
-        return [self._merge(np.asarray(p["keys"]), np.asarray(p["key_groups"], np.int64), dict(p["tables"]))
-                for p in blob["parts"] if len(p["keys"])]
+        parts = [p for p in blob["parts"] if len(p["keys"])]
+        if not parts:
+            return []
+        self._pending().combine({"dtypes": blob["dtypes"], "parts": parts})
+        keys = np.concatenate([np.asarray(p["keys"]) for p in parts])
+        return self._buffered(keys, np.concatenate([np.asarray(p["key_groups"], np.int64) for p in parts]))
 
     # -- sizes -----------------------------------------------------------------------------------
     def keys_per_group(self, groups) -> np.ndarray:
+        self.flush()
         return self.held[np.asarray(groups, np.int64)]
 
     def __len__(self) -> int:
+        self.flush()
         return int(self.held.sum())
+
+    def approx_len(self) -> int:
+        """Keys held, at most (the buffer's keys may be in the database already): no flush."""
+        return int(self.held.sum()) + (len(self.buffer) if self.buffer is not None else 0)
 
     def key_kind(self) -> str | None:
         return self.kind

@@ -22,7 +22,8 @@ class Readable:
                 "offered_rate": self.source.offered_rate if self.source else None,
                 "lag": self.source.lag if self.source else 0.0,
                 "watermark": self.watermarks.status(),
-                "keys": len(self.store) if self.store is not None and self.stage.kind == "aggregate" else None}
+                "keys": getattr(self.store, "approx_len", self.store.__len__)()
+                if self.store is not None and self.stage.kind == "aggregate" else None}
 
     def metrics(self) -> list[dict]:
         return list(self.meter.rows)
