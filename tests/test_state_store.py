@@ -192,6 +192,13 @@ class TestAggregateState(StoreContract):
         cleaned, bad, reasons = self.make().clean(frame)
         assert cleaned is frame and bad is None and reasons == []
 
+    def test_each_batch_gives_its_keys_whole_values(self, batches):
+        store = self.make()
+        for i, b in enumerate(batches):
+            got = store.frame(store.update(b, _groups(b)))
+            want = self.truth(pd.concat(batches[:i + 1]))
+            _assert_same(got, want.loc[pd.unique(b["k"])])
+
     def test_frame_of_some_key_groups(self, batches):
         store = self.filled(batches)
         for groups in ([0], [1, 2, 5], []):
@@ -239,6 +246,17 @@ class TestRocksAggregateState(TestAggregateState):
         raw = list(store.db.keys())
         groups = [int.from_bytes(bytes(k[:4]), "big") for k in raw]
         assert groups == sorted(groups) and set(groups) == set(np.flatnonzero(store.held).tolist())
+
+
+class TestRocksAggregateStateBuffered(TestRocksAggregateState):
+    """The same with the default buffer: batches stay in memory until a read flushes them."""
+
+    @pytest.fixture(autouse=True)
+    def directory(self, tmp_path, monkeypatch):
+        from streamlb._state import _rocks
+
+        self.dir = str(tmp_path)
+        monkeypatch.setattr(_rocks, "SCAN_CHUNK", 7)
 
 
 class TestStatefulMapState(StoreContract):

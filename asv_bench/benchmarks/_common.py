@@ -42,9 +42,10 @@ class _Sitting(_OneShot):
     unit = "ratio"
 
 
-def timed_totals(client, path: str, **run_kw) -> tuple[float, object]:
+def timed_totals(client, path: str, keep: dict | None = None, **run_kw) -> tuple[float, object]:
     """Seconds from ``run()`` to ``wait()``'s return (start-up included) of a keyed count
-    and sum over the Parquet log ``path``, and the totals (``job.state``)."""
+    and sum over the Parquet log ``path``, and the totals (``job.state``); ``keep`` gets
+    the job's ``checkpoints()`` under "checkpoints"."""
     from streamz import Stream
 
     import streamlb
@@ -57,6 +58,8 @@ def timed_totals(client, path: str, **run_kw) -> tuple[float, object]:
         job.wait()
         took = time.perf_counter() - t0
         totals = job.state("totals")
+        if keep is not None:
+            keep["checkpoints"] = job.checkpoints()
     finally:
         job.stop()
     return took, totals

@@ -170,6 +170,45 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
     return results
 
 
+def checkpoints(rows: int = 5_000_000, keys: int = 2_000_000, runs: int = 2, out=sys.stdout) -> dict:
+    """Checkpoint duration and size per backend: a keyed count and sum over ``rows`` rows of
+    ``keys`` uniform keys (every key group changes between checkpoints), ``checkpoint_interval=1.0``,
+    ``runs`` runs per backend alternated on one 2-worker cluster. "full" is each run's first
+    checkpoint, "incremental" the later ones (medians)."""
+    import os
+    import shutil
+
+    from ._common import DATA
+
+    path = zipf_dataset(rows, keys, 0.0, 4)
+    cl, client = cluster(2)
+    result: dict = {}
+    with cl, client:
+        for r in range(runs):
+            for backend in ("memory", "rocksdb"):
+                where = os.path.join(DATA, f"ck-{backend}")
+                shutil.rmtree(where, ignore_errors=True)
+                keep: dict = {}
+                took, totals = timed_totals(client, path, keep, state_backend=backend, checkpoint=where,
+                                            checkpoint_interval=1.0)
+                shutil.rmtree(where, ignore_errors=True)
+                if backend == "memory":
+                    want = totals.sort_index()
+                else:
+                    _same(want, totals.sort_index())
+                done = keep["checkpoints"]
+                row = {"records_per_second": rows / took, "checkpoints": len(done)}
+                for kind, part in (("full", done[done.full]), ("incremental", done[~done.full])):
+                    if len(part):
+                        row[kind] = {"seconds": float(part.duration.median()),
+                                     "bytes": int(part.bytes_written.median()),
+                                     "referenced": int(part.bytes_referenced.median()),
+                                     "keys": int(part["keys"].median())}
+                result.setdefault(backend, []).append(row)
+                print(f"run {r + 1}/{runs} {backend}: {row}", file=out, flush=True)
+    return result
+
+
 class StateBackends(_Sitting):
     """asv: RocksDB's records/s over memory's, median of 3 alternating rounds, 5M rows Zipf(1.2)."""
 
@@ -189,7 +228,11 @@ def main(argv=None) -> None:
     p.add_argument("--beyond-memory", type=int, default=0, metavar="KEYS",
                    help="instead: KEYS distinct keys on 2 workers of --limit memory, each backend once")
     p.add_argument("--limit", default="1GiB")
+    p.add_argument("--checkpoints", action="store_true", help="instead: checkpoint duration and size per backend")
     a = p.parse_args(argv)
+    if a.checkpoints:
+        checkpoints()
+        return
     if a.beyond_memory:
         beyond_memory(a.beyond_memory, a.limit)
         return

@@ -174,16 +174,19 @@ class RocksAggregateState(StateStore):
             self.buffer._split_large = _no_split      # dropped at the next flush: never worth splitting
         return self.buffer
 
-    def flush(self) -> None:
+    def flush(self) -> list:
         """Merge what the batches since the last flush added into the database (before
-        anything reads or moves the state, and whenever BUFFER_KEYS keys wait)."""
+        anything reads or moves the state, and whenever BUFFER_KEYS keys wait); returns
+        ``(keys, their new tables)`` of what it merged."""
         buf, self.buffer = self.buffer, None
         if buf is None:
-            return
+            return []
+        merged = []
         for sh in buf.shards:
             if sh.index.n:
                 part = sh.part(np.flatnonzero(sh.present[:sh.index.n]))
-                self._merge(part["keys"], part["key_groups"], part["tables"])
+                merged.append(self._merge(part["keys"], part["key_groups"], part["tables"]))
+        return merged
 
     def _buffered(self, keys: np.ndarray, groups: np.ndarray) -> list:
         """After a batch went to the buffer: flush if full; what :meth:`frame` reads back."""
@@ -251,7 +254,12 @@ class RocksAggregateState(StateStore):
         """State as a DataFrame indexed by key; only the keys a batch touched if given."""
         if touched is None:
             return self.frame_of_groups(range(self.groups))
-        self.flush()
+        merged = self.flush()
+        wanted = sum(len(pd.unique(keys)) for keys, _ in touched)
+        if merged and sum(len(k) for k, _ in merged) == wanted:
+            # the buffer held this batch's keys alone (the usual case: each batch's update
+            # is read at once): their new values are what the flush merged
+            return frame_of_blob(self, {"parts": [{"keys": k, "tables": t} for k, t in merged]})
         parts = []
         for keys, groups in touched:
             keys, first = np.unique(keys, return_index=True)
