@@ -30,6 +30,7 @@ import pandas as pd
 from ..exceptions import KeyTypeError
 from ._aggregate import AggregateState, frame_of_blob
 from ._base import StateStore
+from ._shards import merge_into
 
 _FIXED = np.dtype([("g", ">u4"), ("k", ">u8")])     # a key group and an integer key
 _SIGN = np.uint64(1 << 63)
@@ -232,13 +233,7 @@ class RocksAggregateState(StateStore):
         if found.any():
             held = self._tables_of([v for v in old if v is not None])
             for (name, c), arr in held.items():
-                t = tables[(name, c)]
-                if name in ("cnt", "sum"):
-                    t[found] += arr
-                elif name == "min":
-                    t[found] = np.minimum(t[found], arr)
-                else:
-                    t[found] = np.maximum(t[found], arr)
+                merge_into(name, tables[(name, c)], found, arr)
         self.held += np.bincount(groups[~found], minlength=self.groups)
         self._put(raw, self._values(tables, len(keys)))
 

@@ -268,13 +268,7 @@ class _AggShard:
         slots = self.index.slots(keys, key_groups, self.o.groups, self.o.key_name)
         self._layout()
         for (name, c), vals in tables.items():
-            t = getattr(self, name)[c]
-            if name in ("cnt", "sum"):
-                t[slots] += vals
-            elif name == "min":
-                t[slots] = np.minimum(t[slots], vals)
-            else:
-                t[slots] = np.maximum(t[slots], vals)
+            merge_into(name, getattr(self, name)[c], slots, vals)
         self._mark_live(slots, old_n)
         return slots
 
@@ -308,6 +302,17 @@ class _AggShard:
         wanted = {(how if how in ("min", "max") else "sum", c) for c, how in self.o.spec.values()}
         tables = {t: a[sel] for t, a in self.columns().items() if t[0] == "cnt" or t in wanted}
         return frame_of(self.o.spec, self.o.dtypes, self.o.key_name, keys, tables)
+
+
+def merge_into(table: str, target: np.ndarray, at: np.ndarray, vals: np.ndarray) -> None:
+    """Merge ``vals`` into ``target[at]`` (distinct positions) by the rule of ``table``:
+    counts and sums add, minima and maxima take the extreme."""
+    if table in ("cnt", "sum"):
+        target[at] += vals
+    elif table == "min":
+        target[at] = np.minimum(target[at], vals)
+    else:
+        target[at] = np.maximum(target[at], vals)
 
 
 def frame_of(spec: dict, dtypes: dict, key_name: str, keys: np.ndarray, tables: dict) -> pd.DataFrame:
