@@ -68,14 +68,16 @@ def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], 
         only by other actors is garbage-collected.
     """
     from ._worker import Instance
+    from ._worker._heap import heap_pad
 
+    pad = heap_pad()
     return {
         (stage.id, i): client.submit(
             Instance, stage, i, upstream, job=job_id, key_groups=key_groups,
             window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
             lazy_delay=config.get("migration.lazy-delay"),
             lazy_pace=config.get("migration.lazy-pace"),
-            lazy_asked=config.get("migration.lazy-asked-keys"), run=run,
+            lazy_asked=config.get("migration.lazy-asked-keys"), run=run, heap_pad=pad,
             actor=True, workers=[w],
             allow_other_workers=False, pure=False,
             key=f"streamlb-{job_id}-{stage.id}-{i}" + (f"-r{run}" if run else ""),

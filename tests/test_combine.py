@@ -11,7 +11,7 @@ from streamz import Stream
 
 import streamlb
 from streamlb._state._aggregate import AggregateState
-from streamlb._worker._combine import RECORDS, blob_of, combined, records_of, tables_for
+from streamlb._worker._combine import RECORDS, Combiner, blob_of, combined, records_of, tables_for
 from streamlb.keygroups import assign_to_key_group
 
 from test_migration import _count_hashed_rows
@@ -59,6 +59,44 @@ def test_a_batch_is_not_combined_where_it_would_not_pay_or_not_apply():
     assert combined(text, text.key.to_numpy(), "key", spec) is None      # the owner dead-letters "x"
     assert combined(text.drop(columns="i"), text.key.to_numpy(), "key", spec) is None
     assert RECORDS not in distinct.columns and records_of(distinct) == 100
+
+
+@pytest.mark.parametrize("keys", ["narrow ints", "negative ints", "uint64", "wide ints", "strings"])
+def test_combined_rows_equal_pandas_whether_keys_are_counted_by_offset_or_hashed(keys):
+    # integer keys spanning no more than the batch are counted by their offset in the range;
+    # the rest are hashed: both give pandas' groups, one row per key, every record counted
+    df = _frame(6_000, seed=4)
+    k = df.key.to_numpy()
+    df["key"] = {"narrow ints": k, "negative ints": k - 10**15, "uint64": k.astype(np.uint64) + np.uint64(2**63),
+                 "wide ints": k * 10**9, "strings": np.array([f"k{x}" for x in k], object)}[keys]
+    c = combined(df, df.key.to_numpy(), "key", tables_for(SPEC))
+    assert c is not None and c.key.is_unique and c.key.dtype == df.key.dtype
+    c = c.set_index("key").sort_index()
+    want = df.groupby("key").agg(n=("v", "count"), total=("v", "sum"), lo=("i", "min"), hi=("i", "max"),
+                                 flag=("b", "sum"), records=("v", "size"))
+    assert (c.index == want.index).all()
+    assert (c[RECORDS].to_numpy() == want.records.to_numpy()).all() and records_of(c) == len(df)
+    assert (c["__streamlb_cnt__v"].to_numpy() == want.n.to_numpy()).all()
+    assert np.allclose(c["__streamlb_sum__v"].to_numpy(), want.total.to_numpy(), rtol=1e-12)
+    assert (c["__streamlb_min__i"].to_numpy() == want.lo.to_numpy()).all()
+    assert (c["__streamlb_max__i"].to_numpy() == want.hi.to_numpy()).all()
+    assert (c["__streamlb_sum__b"].to_numpy() == want.flag.to_numpy()).all()
+
+
+def test_a_combiner_backs_off_after_batches_that_do_not_pay():
+    spec = tables_for(SPEC)
+    distinct = pd.DataFrame({"key": np.arange(0, 10**9, 10**6), "v": 1.0, "i": 1, "b": True})
+    repeats = pd.DataFrame({"key": np.arange(1000) % 7, "v": 1.0, "i": 1, "b": True})
+    comb = Combiner("key", spec)
+
+    def tried(frame) -> list:
+        return [comb.combine(frame, frame.key.to_numpy()) is not None for _ in range(Combiner.BACKOFF + 1)]
+
+    assert tried(distinct) == [False] * 5           # a miss, then 4 batches passed unseen
+    assert tried(distinct) == [False] * 5           # a second miss: 8 to pass now (4 left)
+    assert tried(repeats) == [False] * 4 + [True]   # the 4 passed, then tried again: it pays
+    assert tried(repeats) == [True] * 5
+    assert tried(distinct) == [False] * 5 and tried(repeats) == [True] * 5
 
 
 @pytest.mark.parametrize("combine", [True, False], ids=["combined", "rows"])

@@ -60,6 +60,10 @@ def test_a_bad_setting_is_named():
             RunOptions.build()
         with pytest.raises(PipelineError, match=r"setting streamlb.channel.credits: credits must be"):
             RunOptions.build(key_groups=64)
+    with dask.config.set({"streamlb.worker.heap-pad": "lots"}):
+        with pytest.raises(PipelineError, match=r"setting streamlb.worker.heap-pad: must be a size in bytes .* "
+                                                r"got 'lots'"):
+            RunOptions.build()
 
 
 def test_settings_fill_what_is_not_given_and_the_options_are_frozen():

@@ -206,6 +206,9 @@ class RunOptions:
         )
         if checkpoint is not None:
             options._check_checkpoint()
+        from .._worker._heap import heap_pad
+
+        heap_pad()          # a bad setting is refused here, before any actor starts
         return options
 
     def _check_checkpoint(self) -> None:

@@ -24,7 +24,7 @@ from ..keygroups import assign_to_key_group
 from ..planner import Step
 from ..routing import RoutingTable
 from ._channels import OutChannel
-from ._combine import RECORDS, combined
+from ._combine import RECORDS, Combiner
 from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
 from ._steps import DeadLetters, call_user
 
@@ -162,6 +162,7 @@ class KeyedRouter(_Exchange):
         self.prefetch: Prefetch | None = None
         self.spread_at: dict = {}                      # rows sent per split key and instance
         self.hot = SpaceSaving(spec.hot_keys) if spec.hot_keys else None
+        self.combiner = Combiner(spec.key_name, spec.combine) if spec.combine is not None else None
         self.counts = np.zeros(self.key_groups, np.int64) if spec.balanced else None
         self.routed: np.ndarray | None = None          # records sent per instance, once any
 
@@ -251,8 +252,8 @@ class KeyedRouter(_Exchange):
         weights = None                      # records per row, of a combined batch
         if self.hot is not None:
             self.hot.add(keys)
-        if self.spec.combine is not None and not table.splits and self.prefetch is None:
-            c = combined(x, keys, self.spec.key_name, self.spec.combine)
+        if self.combiner is not None and not table.splits and self.prefetch is None:
+            c = self.combiner.combine(x, keys)
             if c is not None:
                 x, keys, weights = c, c[self.spec.key_name].to_numpy(), c[RECORDS].to_numpy()
         groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name, dtype=self.group_dtype)

@@ -29,6 +29,7 @@ from ._combine import records_of
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
+from ._heap import keep_heap
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
                         Marker, Partial, PeerEnd, PeerWatermark, Watermark)
 from ._metrics import CostServer, Metrics
@@ -54,9 +55,9 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
     def __init__(self, stage: Stage, index: int, upstream_instances, *, job: str,
                  key_groups: int, window: float, credits: int, lazy_step: int = 1,
                  lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0,
-                 run: int = 0) -> None:
+                 run: int = 0, heap_pad: int = 0) -> None:
         self.stage, self.index, self.job, self.key_groups, self.credits = stage, index, job, key_groups, credits
-        self.run = run
+        self.run, self.heap_kept = run, keep_heap(heap_pad)
         self.label = f"{stage.name}[{index}]"
         self.status = "created"
         self.error: BaseException | None = None
