@@ -119,12 +119,14 @@ def _aggregates_only(src, by_id: dict) -> bool:
 
 def _project(plan: Plan) -> None:
     """Read only the columns a source's consumers use, when every consumer is an aggregate
-    keyed by a column (nothing else sees the batch, so nothing else can need a column)."""
+    keyed by a column (nothing else sees the batch, so nothing else can need a column, and
+    nothing writes to it: its frames may share Arrow's read-only buffers)."""
     by_id = {s.id: s for s in plan.stages}
     for src in plan.stages:
-        if src.kind != "parquet_source" or src.columns is not None or not src.children:
+        if src.kind != "parquet_source" or not src.children or not _aggregates_only(src, by_id):
             continue
-        if _aggregates_only(src, by_id):
+        src.read_only = True
+        if src.columns is None:
             targets = [by_id[c.target] for c in src.children]
             needed = {t.key for t in targets} | {c for t in targets for c, _ in t.spec.values()}
             import pyarrow.parquet as pq

@@ -74,6 +74,7 @@ class Stage:
     batch_size: int = 65536
     batch_size_given: bool = False                  # parquet_source: from_parquet(batch_size=...)
     columns: list | None = None
+    read_only: bool = False                         # parquet_source: aggregates alone read its frames
     total_rows: int = 0
     file_rows: dict = field(default_factory=dict)  # parquet_source: rows of each file
     event_time: str | None = None                   # parquet_source: column to merge files by

@@ -213,10 +213,31 @@ class Lifecycle:
                     raise JobFailedError(f"job {job.id} was stopped before it finished")
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"job {job.id} still running after {timeout}s")
-                time.sleep(interval)
+                self._settle([r["key"] for r in rows if r["status"] in ("ready", "running")], interval)
         finally:
             if bar is not None:
                 bar.close()
+
+    def _settle(self, running: list, interval: float) -> None:
+        """Wait ``interval`` between polls, less if one of the ``running`` instances ends
+        meanwhile (each waits for that on its worker, see ``Readable.settled``): the job is
+        seen done when its last instance ends. Outside the topology lock, so a rescale or a
+        recovery from another thread gets it between polls."""
+        t0 = time.monotonic()
+        actors = [a for k in running if (a := self.job.actors.get(k)) is not None]
+        futs = []
+        for a in actors:
+            try:
+                futs.append(a.settled(interval))
+            except Exception:               # a lost worker: the next poll says so
+                pass
+        for f in futs:
+            try:
+                f.result(timeout=max(interval - (time.monotonic() - t0), 0.0) + 1.0)
+            except Exception:               # slow or lost: the next poll tells
+                pass
+        if not futs:
+            time.sleep(interval)
 
     def _finish(self) -> None:
         """Every instance is done: commit the outputs, end the job's threads, and keep what

@@ -1,6 +1,9 @@
 """What the driver reads of an instance: status and figures, metrics rows, keyed state."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pandas as pd
 
 from .. import config
@@ -10,7 +13,33 @@ from ..exceptions import PipelineError
 class Readable:
     """Mixed into :class:`~streamlb._worker._instance.Instance`."""
 
+    @property
+    def status(self) -> str:
+        """created, ready, running, then done, failed, stopped or retired."""
+        return self._status
+
+    @status.setter
+    def status(self, value: str) -> None:
+        self._status = value
+        settled = self.__dict__.get("_settled")
+        if settled is not None and value not in ("created", "ready", "running"):
+            settled.set()           # a poll held until now answers at once
+
+    async def settled(self, hold: float) -> str:
+        """Wait up to ``hold`` seconds while the instance runs; its status then. The driver
+        waiting for a job asks this between polls (outside its topology lock), so an
+        instance that ends is seen at once rather than at the next poll interval."""
+        if self._status in ("ready", "running"):
+            settled = self.__dict__.setdefault("_settled", asyncio.Event())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(settled.wait(), hold)
+        return self._status
+
     def poll(self) -> dict:
+        """Status and figures (:meth:`status_row`)."""
+        return self.status_row()
+
+    def status_row(self) -> dict:
         """Status and figures; outputs too, unless the job checkpoints (then each
         checkpoint's acknowledgement carries them, see ``Checkpointed.seal``)."""
         staged = self.sinks.staged

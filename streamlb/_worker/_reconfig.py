@@ -123,7 +123,7 @@ class Reconfigurable:
         self.meter.close_window(self.finished_at, last=True)
         self.status = "retired"
         self.tasks.cancel()
-        out = self.poll()
+        out = self.status_row()
         out["metrics"] = self.metrics()
         out["final"] = self.seal(-1)        # a checkpointed job commits these with its next checkpoint
         out["kafka"] = kept

@@ -1,0 +1,77 @@
+"""Two commits side by side in one sitting: ``benchmarks.jobs`` run alternately with the
+``streamlb`` of each (issue 27's "at the parent commit, measured in the same run").
+
+``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
+checks each commit out in a worktree under the temporary directory (HEAD: the working tree
+itself when omitted), then per round runs ``python -m benchmarks.jobs`` once with each
+(``PYTHONPATH`` set to its tree; the job script is this tree's, using only the public
+API), alternating which goes first. Prints every run and the medians of the per-round
+ratios: records/s HEAD over BASE, and p99 latency HEAD over BASE.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def tree(commit: str | None) -> str:
+    """A checkout of ``commit`` (the working tree for None)."""
+    if commit is None:
+        return ROOT
+    sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", commit], text=True).strip()
+    path = os.path.join(tempfile.gettempdir(), f"streamlb-ab-{sha[:12]}")
+    if not os.path.exists(path):
+        subprocess.check_call(["git", "-C", ROOT, "worktree", "add", "--detach", path, sha],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
+
+def runs(src: str, args: list[str]) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + HERE)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.jobs", *args], cwd=HERE, env=env,
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"benchmarks.jobs with {src} failed:\n{out.stderr[-3000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("base")
+    p.add_argument("head", nargs="?")
+    p.add_argument("--op", default="aggregate")
+    p.add_argument("--rows", default="5000000")
+    p.add_argument("--rate", default=None)
+    p.add_argument("--runs", default="3", help="runs per job process (their median is the round's figure)")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args(argv)
+    job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
+    trees = {"base": tree(a.base), "head": tree(a.head)}
+    speed, p99 = [], []
+    for r in range(a.rounds):
+        fig = {}
+        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+            got = runs(trees[name], job)
+            fig[name] = (statistics.median(x["records_per_second"] for x in got),
+                         statistics.median(x["p99_ms"] for x in got))
+            each = "; ".join(f"{x['seconds']:.3f} s {x['records_per_second'] / 1e6:.2f}M rec/s "
+                             f"p99 {x['p99_ms']:.1f} ms" for x in got)
+            print(f"round {r + 1}/{a.rounds} {name} ({a.head or 'working tree'} vs {a.base}): {each}", flush=True)
+        speed.append(fig["head"][0] / fig["base"][0])
+        p99.append(fig["head"][1] / fig["base"][1])
+        print(f"round {r + 1}: records/s head/base {speed[-1]:.3f}, p99 head/base {p99[-1]:.3f}", flush=True)
+    print(f"median over {a.rounds} rounds: records/s head/base {statistics.median(speed):.3f} "
+          f"(rounds {', '.join(f'{x:.3f}' for x in speed)}); p99 latency head/base {statistics.median(p99):.3f} "
+          f"(rounds {', '.join(f'{x:.3f}' for x in p99)})")
+
+
+if __name__ == "__main__":
+    main()
