@@ -147,10 +147,10 @@ class Job:
         self._checkpoints = Checkpoints(self, options)
         self.checkpointer, self.recovery = self._checkpoints.checkpointer, self._checkpoints.recovery
 
-        self.tables = {
-            st.id: RoutingTable.initial(self.key_groups, st.parallelism)
-            for st in plan.stages if st.exchange == "keyed"
-        }
+        from ._skew import first_tables
+
+        self.first_tables = first_tables(plan.stages, self.key_groups)     # what a recovery starts from
+        self.tables = dict(self.first_tables)
         restored = options.restored
         if restored is not None:
             from ._checkpoint._restore import restored_tables

@@ -270,6 +270,33 @@ class TestStatefulMapState(StoreContract):
         frame = pd.DataFrame({"k": [1], "v": ["x"]})
         assert self.make().clean(frame) == (frame, None, [])
 
+    @pytest.mark.parametrize("key", ["k", "lambda"])
+    def test_records_hold_every_column_by_name_and_a_failure_names_its_record(self, key):
+        # the per-batch loop is compiled for the batch's column names (any text, quotes and
+        # keywords too); timestamps come as datetime; the record that raised is named
+        from streamlb.exceptions import UserFunctionError
+
+        at = pd.to_datetime([0, 0, 10**6, 0], unit="us")
+        frame = pd.DataFrame({"k": [1, 2, 1, 3], "it's \"v\"": [1.5, 2.0, 3.0, -1.0], "at": at,
+                              "lambda": ["a", "b", "c", "d"]})
+        seen = []
+
+        def keep(state, record):
+            seen.append(record)
+            if record["it's \"v\""] < 0:
+                raise ValueError("negative")
+            return (state or 0) + 1, None
+
+        store = StatefulMapState("smap", keep, key, G)
+        with pytest.raises(UserFunctionError, match=r"raised ValueError: negative on record .*'lambda': 'd'"):
+            store.update(frame)
+        want = frame.astype({"at": object}).to_dict("records")
+        for r in want:
+            r["at"] = r["at"].to_pydatetime()
+        assert seen == want and all(type(r["at"]).__name__ == "datetime" for r in seen)
+        assert list(store.states) == ([1, 2] if key == "k" else ["a", "b", "c"])
+        assert store.update(frame.iloc[:3]) == [None] * 3
+
 
 def _stage(kind: str) -> SimpleNamespace:
     return SimpleNamespace(kind=kind, name="op", spec=SPEC, func=running_sum, key_name="k")

@@ -32,19 +32,19 @@ KEYS, SKEW = 100_000, 1.2
 # (a frame reads "Class.function (file.py)"); rules earlier in the list win at one frame
 STAGES = [
     ("idle", (r"^EpollSelector\.select ", r"^select ", r"^BaseSelector")),
-    ("read and decode", (r"\(_parquet\.py\)", r"^SplitReader\.poll ", r"^_skipping ")),
-    ("combine per key", (r"^Combiner\.", r"\(_combine\.py\)")),
-    ("key index", (r"^_KeyIndex\.", r"\(_index\.py\)")),
-    ("user function", (r"^StatefulMapState\.update ", r"\(_stateful_map\.py\)")),
-    ("state update", (r"\(_aggregate\.py\)", r"\(_shards\.py\)", r"^Aggregate\.output ", r"^StatefulMap\.output ")),
-    ("hash and route", (r"^assign_to_key_group ", r"^stable_hash", r"\(keygroups\.py\)", r"\(routing\.py\)",
+    ("read and decode", (r"_parquet\.py\)", r"^SplitReader\.poll ", r"^_skipping ")),
+    ("combine per key", (r"^Combiner\.", r"_combine\.py\)")),
+    ("key index", (r"^_KeyIndex\.", r"_index\.py\)")),
+    ("user function", (r"^StatefulMapState\.update ", r"_stateful_map\.py\)")),
+    ("state update", (r"_aggregate\.py\)", r"_shards\.py\)", r"^Aggregate\.output ", r"^StatefulMap\.output ")),
+    ("hash and route", (r"^assign_to_key_group ", r"^stable_hash", r"keygroups\.py\)", r"routing\.py\)",
                         r"^bad_keys ", r"^KeyedRouter\._keys ")),
     ("split per destination", (r"\.take ", r"^take ")),
     ("serialise and send", (r"^OutChannel\.", r"\.write", r"^dumps ", r"^serialize", r"^to_frames ",
                             r"^pickle_dumps", r"^_encode_default")),
     ("receive and order", (r"^Inbox\.", r"\.read", r"^loads ", r"^deserialize", r"^from_frames ",
                            r"^pickle_loads", r"^_decode_default", r"^Instance\.receive")),
-    ("bookkeeping", (r"\(streamlb/", r"/streamlb/", r"_worker/", r"\(_metrics\.py\)", r"\(_reads\.py\)")),
+    ("bookkeeping", (r"\(streamlb/",)),
 ]
 _COMPILED = [(name, [re.compile(p) for p in pats]) for name, pats in STAGES]
 LOOP = re.compile(r"^BaseEventLoop\.run_forever ")

@@ -154,7 +154,9 @@ class Recovery:
             if st.id not in job.tables:
                 continue
             epoch = job._migrations.routing(st.name).epoch + 1
-            t = fresh.get(st.id) or RoutingTable.initial(job.key_groups, st.parallelism)
+            t = fresh.get(st.id) or job.first_tables.get(st.id)
+            if t is None or t.parallelism != st.parallelism:
+                t = RoutingTable.initial(job.key_groups, st.parallelism)
             job.tables[st.id] = RoutingTable(t.owners, st.parallelism, epoch)
 
     def _drop_actors(self) -> None:
