@@ -28,28 +28,36 @@ def _key_array(keys: list) -> np.ndarray:
     return np.array(keys, dtype=object if keys and isinstance(keys[0], str) else None)
 
 
-@functools.lru_cache(maxsize=64)
-def record_loop(columns: tuple, key_at: int | None) -> Callable:
+class RowFailed(Exception):
+    """The function raised on a record (``args[0]``; the cause is the function's error)."""
+
+
+@functools.lru_cache(maxsize=128)
+def record_loop(columns: tuple, key_at: int | None, outputs: bool = True) -> Callable:
     """The loop applying a batch, compiled for these column names:
     ``loop(func, states, append, keys, *values)`` calls ``func(state, record)`` per row
     with the record as a dict display (about 3x cheaper per row than
-    ``dict(zip(columns, row))``, and no call per row to build it), keeps the new state and
-    appends the output. ``key_at``: the column whose values are the keys (``keys`` is
-    then ignored), or None to take them from ``keys``. The names enter the source only as
-    string literals."""
+    ``dict(zip(columns, row))``, and no call per row to build it), keeps the new state and,
+    with ``outputs``, appends the output. ``key_at``: the column whose values are the keys
+    (``keys`` is then ignored), or None to take them from ``keys``. A function that raises
+    raises :class:`RowFailed` with the record it was given. The names enter the source only
+    as string literals."""
     vs = [f"v{i}" for i in range(len(columns))]
-    items = ", ".join(f"{c!r}: {v}" for c, v in zip(columns, vs))
+    record = "{" + ", ".join(f"{c!r}: {v}" for c, v in zip(columns, vs)) + "}"
     k = vs[key_at] if key_at is not None else "k"
     heads = ", ".join(vs if key_at is not None else ["k", *vs])
     cs = [f"c{i}" for i in range(len(columns))]          # the columns' lists of values
     zipped = ", ".join(cs if key_at is not None else ["keys", *cs])
     src = (f"def loop(func, states, append, keys, {', '.join(cs)}):\n"
            f"    get = states.get\n"
-           f"    for {heads}, in zip({zipped}):\n"
-           f"        st, out = func(get({k}), {{{items}}})\n"
-           f"        states[{k}] = st\n"
-           f"        append(out)\n")
-    scope: dict = {}
+           f"    try:\n"
+           f"        for {heads}, in zip({zipped}):\n"
+           f"            st, out = func(get({k}), {record})\n"
+           f"            states[{k}] = st\n"
+           + (f"            append(out)\n" if outputs else "") +
+           f"    except Exception as exc:\n"
+           f"        raise RowFailed({record}) from exc\n")
+    scope: dict = {"RowFailed": RowFailed}
     exec(compile(src, "<streamlb stateful_map loop>", "exec"), scope)     # noqa: S102 - names made here
     return scope["loop"]
 
@@ -69,6 +77,7 @@ class StatefulMapState(StateStore):
         self.key_name = key_name
         self.states: dict = {}
         self.by_group: dict[int, set] = {}        # key group -> its keys, so a cut is O(moved)
+        self._distinct = 0                        # distinct keys of the last batch
 
     def _index_keys(self, groups: dict) -> None:
         """Add keys to ``by_group`` (``groups``: key -> its key group)."""
@@ -87,13 +96,15 @@ class StatefulMapState(StateStore):
             return dict(zip(new, assign_to_key_group(_key_array(new), self.groups, name=self.key_name).tolist()))
         # the batch's distinct keys (as Python values, like ``keys``) with the group of the
         # first row of each, found vectorised rather than with a dict over every row
-        codes, uniques = pd.factorize(column, sort=False)
+        codes, uniques = pd.factorize(column, sort=False, size_hint=min(len(column), max(1024, 2 * self._distinct)))
+        self._distinct = len(uniques)   # a table sized by the rows costs more than one sized by the keys
         first = np.empty(len(uniques), np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
         return {k: g for k, g in zip(uniques.tolist(), np.asarray(groups)[first].tolist()) if k not in states}
 
-    def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
-        """Apply one batch, row by row in order; return the function's output for each row."""
+    def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None, outputs: bool = True) -> list | None:
+        """Apply one batch, row by row in order; return the function's output for each row
+        (None without ``outputs``: nothing downstream reads them)."""
         cols = [str(c) for c in frame.columns]
         if self.key_name not in frame.columns:
             raise SchemaError(
@@ -108,12 +119,11 @@ class StatefulMapState(StateStore):
         states, func = self.states, self.func
         self._index_keys(self._new_keys(column, keys, groups))
         self.mark_dirty(groups)
-        outs: list = []
+        outs: list | None = [] if outputs else None
         try:
-            record_loop(tuple(cols), at)(func, states, outs.append, keys, *values)
-        except Exception as exc:
-            i = len(outs)           # the record that raised: every one before it has its output
-            record = frame.iloc[i].to_dict() if 0 <= i < len(frame) else None
+            record_loop(tuple(cols), at, outputs)(func, states, outs.append if outputs else None, keys, *values)
+        except RowFailed as failed:
+            exc, record = failed.__cause__, failed.args[0]
             raise UserFunctionError(
                 f"operator {self.operator!r}: function {describe(func)} raised "
                 f"{type(exc).__name__}: {exc} on record {record!r}",

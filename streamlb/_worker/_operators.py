@@ -143,9 +143,10 @@ class StatefulMap(_Keyed):
     """``func(state, record) -> (state, output)`` per key."""
 
     def output(self, frame: pd.DataFrame, groups) -> pd.DataFrame | None:
-        outs = self.store.update(frame, groups)
         if not self.stage.children:
+            self.store.update(frame, groups, outputs=False)
             return None
+        outs = self.store.update(frame, groups)
         return pd.DataFrame({self.stage.key_name: frame[self.stage.key_name].to_numpy(), "output": outs})
 
 
