@@ -49,13 +49,13 @@ def record_loop(columns: tuple, key_at: int | None, outputs: bool = True) -> Cal
     cs = [f"c{i}" for i in range(len(columns))]          # the columns' lists of values
     zipped = ", ".join(cs if key_at is not None else ["keys", *cs])
     src = (f"def loop(func, states, append, keys, {', '.join(cs)}):\n"
-           f"    get = states.get\n"
-           f"    try:\n"
+           "    get = states.get\n"
+           "    try:\n"
            f"        for {heads}, in zip({zipped}):\n"
            f"            st, out = func(get({k}), {record})\n"
            f"            states[{k}] = st\n"
-           + (f"            append(out)\n" if outputs else "") +
-           f"    except Exception as exc:\n"
+           + ("            append(out)\n" if outputs else "") +
+           "    except Exception as exc:\n"
            f"        raise RowFailed({record}) from exc\n")
     scope: dict = {"RowFailed": RowFailed}
     exec(compile(src, "<streamlb stateful_map loop>", "exec"), scope)     # noqa: S102 - names made here
