@@ -5,10 +5,12 @@ with ``--op stateful_map``, a count and sum per record in a Python function) ove
 log of ``--rows`` rows on 2 worker processes at streamlb's defaults: first unprofiled, for
 its seconds and each worker's CPU seconds and page faults; then once more while py-spy
 samples both workers. Each sample of a worker's event loop is put in the stage of the
-innermost frame a rule below knows (read and decode, combine, hash and route, split per
-destination, serialise and send, receive and order, key index, state update, user
-function, bookkeeping), idle when the loop waits, and the table gives each stage's share
-of the samples and, from the unprofiled run's CPU time, its nanoseconds per record.
+innermost frame a rule below knows (combine, hash and route, split per destination,
+serialise and send, receive and order, key index, state update, user function,
+bookkeeping), idle when the loop waits; a sample of a source's reader thread at work (it
+reads and decodes one batch ahead) is "read and decode". The table gives each stage's
+share of the busy samples and, from the unprofiled run's CPU time, its nanoseconds per
+record.
 
 Needs py-spy (``pip install 'streamlb[bench]'``) and the right to attach to the workers
 (root, or ``kernel.yama.ptrace_scope=0``).
@@ -61,11 +63,16 @@ def frame_name(frame: str) -> str:
     return f"{func} (streamlb/{base})" if "/streamlb/" in path else f"{func} ({base})"
 
 
+READER = re.compile(r"_parquet\.py\)|_sources\.py\)|pyarrow")
+
+
 def stage_of(frames: list[str]) -> str | None:
-    """The stage of one sample (its frames root first), None if not on the event loop."""
+    """The stage of one sample (its frames root first); None for a thread that is neither
+    the event loop nor a source's reader thread at work (Dask's own threads, idle ones)."""
     names = [frame_name(f) for f in frames]
     if not any(LOOP.match(n) for n in names):
-        return None                         # another thread: Dask's, the actor executor
+        # the source reads and decodes one batch ahead in a thread of its own
+        return "read and decode" if any(READER.search(n) for n in names) else None
     for n in reversed(names):
         for stage, pats in _COMPILED:
             if any(p.search(n) for p in pats):
@@ -153,13 +160,13 @@ def breakdown(rows: int, op: str, rate: int = 250, out=sys.stdout) -> dict:
               "samples": dict(counts)}
     print(f"{op} over {rows:,} rows: {seconds:.2f} s unprofiled ({rows / seconds / 1e6:.1f}M rec/s), workers' CPU "
           f"{cpu:.2f} s, {faults:,} page faults; {profiled:.2f} s under py-spy ({sum(counts.values()):,} samples "
-          f"of the workers' event loops)", file=out)
+          f"of the workers' event loops and reader threads)", file=out)
     table = []
-    for stage, _ in STAGES + [("dask and tornado", ())]:
+    for stage, _ in STAGES[1:] + [("dask and tornado", ())]:
         c = counts.get(stage, 0)
-        ns = "" if stage == "idle" or not busy else f"{cpu * c / busy / rows * 1e9:.1f}"
-        table.append([stage, f"{c / max(sum(counts.values()), 1):.1%}", ns])
-    markdown_table(["stage", "share of samples", "ns per record (of the CPU time)"], table, out)
+        table.append([stage, f"{c / max(busy, 1):.1%}", f"{cpu * c / max(busy, 1) / rows * 1e9:.1f}"])
+    table.append(["(event loop idle)", f"{counts.get('idle', 0):,} samples", ""])
+    markdown_table(["stage", "share of busy samples", "ns per record (of the CPU time)"], table, out)
     return result
 
 
