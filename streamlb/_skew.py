@@ -54,14 +54,14 @@ def sampled_owners(st, by_id: dict, key_groups: int) -> np.ndarray | None:
     key = st.key_of(src.id)
     if not isinstance(key, str) or not any(c.kind == "exchange" and c.target == st.id for c in src.children):
         return None
-    keys = _sample(src.files, key, budget)
-    if keys is None or not len(keys):
-        return None
     from .keygroups import assign_to_key_group
 
     try:
+        keys = _sample(src.files, key, budget)
+        if keys is None or not len(keys):
+            return None
         groups = assign_to_key_group(keys, key_groups, name=key)
-    except Exception:           # keys the job itself will refuse (nulls, mixed types): say it there
+    except Exception:       # files or keys the job itself refuses, naming them: leave it to it
         return None
     return balanced_owners(np.bincount(groups, minlength=key_groups).astype(np.float64), st.parallelism)
 
