@@ -157,7 +157,9 @@ def test_state_read_during_a_merging_lazy_move_counts_each_record_once(two_worke
 @pytest.mark.parametrize("strategy", ["all-at-once", "lazy"])
 def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path, strategy):
     path, df = wide_path
-    src = Stream.from_parquet(path, batch_size=20_000, rate=600_000)     # 2.5 s: still running at 0.9 s
+    # 2.5 s: still running at 0.9 s; a batch every ~17 ms per source, so even an all-at-once
+    # move over within 25 ms (seen in a fresh-clone run) spans batches for every instance
+    src = Stream.from_parquet(path, batch_size=5_000, rate=600_000)
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=3, name="n")
     with streamlb.run(src, client=two_workers, key_groups=G, window="50ms") as job:
         time.sleep(0.9)
