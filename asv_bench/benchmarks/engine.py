@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from ._common import _Sitting, cluster, timed_totals, zipf_dataset
+from .peers import same
 
 KEYS, SKEW = 100_000, 1.2
 FILES = {5_000_000: 8, 40_000_000: 16}
@@ -131,16 +132,7 @@ def raw_seconds(client, path: str, batch: int | None = None, credits: int = 4,
     count = sum(t[0] for t in tables)
     total = sum(t[1] for t in tables)
     seen = np.flatnonzero(count)
-    return took, pd.DataFrame({"count": count[seen], "sum": total[seen]}, index=seen)
-
-
-def same(a, b) -> None:
-    a = a[["count", "sum"]].sort_index()
-    b = b.sort_index()
-    if not (np.array_equal(a.index.to_numpy(np.int64), b.index.to_numpy(np.int64))
-            and np.array_equal(a["count"].to_numpy(), b["count"].to_numpy())
-            and np.allclose(a["sum"].to_numpy(), b["sum"].to_numpy(), rtol=1e-12, atol=0)):
-        raise AssertionError("streamlb's and the raw actors' totals differ")
+    return took, pd.DataFrame({"key": seen, "count": count[seen], "sum": total[seen]})
 
 
 def sitting(rows: int = 40_000_000, rounds: int = 6, batch: int | None = None, from_memory: bool = False,
@@ -156,7 +148,7 @@ def sitting(rows: int = 40_000_000, rounds: int = 6, batch: int | None = None, f
         for r in range(rounds):
             s, got = timed_totals(client, path)
             k, want = raw_seconds(client, path, batch, from_memory=from_memory)
-            same(got, want)
+            same(got, want, "the raw actors'")
             result["runs"].append({"round": r, "streamlb": s, "raw": k})
             print(f"{rows:>11,} rows round {r + 1}/{rounds}: streamlb {s:6.3f} s ({rows / s / 1e6:5.1f}M rec/s)  "
                   f"raw actors {k:6.3f} s ({rows / k / 1e6:5.1f}M rec/s)  ratio {k / s:4.2f}", file=out, flush=True)

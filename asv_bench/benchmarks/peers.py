@@ -37,8 +37,9 @@ def spark_seconds(spark, path: str) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def same(a, b) -> None:
-    """The two systems' totals agree exactly (sums of integer-valued floats)."""
+def same(a, b, other: str = "Spark's") -> None:
+    """The two systems' totals agree exactly (sums of integer-valued floats): ``a`` indexed
+    by key, ``b`` with a ``key`` column."""
     import numpy as np
 
     a = a[["count", "sum"]].sort_index()
@@ -46,7 +47,7 @@ def same(a, b) -> None:
     if not (np.array_equal(a.index.to_numpy(np.int64), b.index.to_numpy(np.int64))
             and np.array_equal(a["count"].to_numpy(), b["count"].to_numpy())
             and np.allclose(a["sum"].to_numpy(), b["sum"].to_numpy(), rtol=1e-12, atol=0)):
-        raise AssertionError("streamlb's and Spark's totals differ")
+        raise AssertionError(f"streamlb's and {other} totals differ")
 
 
 def sitting(rows_list=(5_000_000, 40_000_000), rounds: int = 3, out=sys.stdout) -> dict:

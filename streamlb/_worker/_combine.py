@@ -89,10 +89,10 @@ class Combiner:
             hint = min(len(keys), max(1024, 2 * self._distinct))
             codes, uniq = pd.factorize(keys, size_hint=hint)
             self._distinct = n = len(uniq)
-            records = np.bincount(codes, minlength=n)
         else:
             codes, n, lo = dense
-            records = np.bincount(codes, minlength=n)
+        records = np.bincount(codes, minlength=n)
+        if dense is not None:
             pick = np.flatnonzero(records)
             uniq = pick.astype(keys.dtype) + lo
         if len(uniq) > WORTH * len(keys):
