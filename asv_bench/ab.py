@@ -2,6 +2,7 @@
 ``streamlb`` of each (issue 27's "at the parent commit, measured in the same run").
 
 ``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
+(or ``--bench migration --strategy lazy [--batch N]`` for ``benchmarks.migration``)
 checks each commit out in a worktree under the temporary directory (HEAD: the working tree
 itself when omitted), then per round runs ``python -m benchmarks.jobs`` once with each
 (``PYTHONPATH`` set to its tree; the job script is this tree's, using only the public
@@ -34,13 +35,36 @@ def tree(commit: str | None) -> str:
     return path
 
 
-def runs(src: str, args: list[str]) -> list[dict]:
+def runs(src: str, args: list[str], module: str = "benchmarks.jobs") -> list[dict]:
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + HERE)
-    out = subprocess.run([sys.executable, "-m", "benchmarks.jobs", *args], cwd=HERE, env=env,
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=HERE, env=env,
                          capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"benchmarks.jobs with {src} failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{module} with {src} failed:\n{out.stderr[-3000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+MIGRATION = ["first_record_ms", "switch_ms", "max_latency_ms", "p99_during_ms", "migration_s"]
+
+
+def migration(trees: dict, a) -> None:
+    """``--bench migration``: ``benchmarks.migration``'s run of one strategy, a fresh cluster
+    per run, the commits alternating; HEAD over BASE per round for each figure, and the
+    median of those ratios."""
+    args = ["--strategy", a.strategy, "--runs", a.runs] + (["--batch", a.batch] if a.batch else [])
+    ratios = {k: [] for k in MIGRATION}
+    for r in range(a.rounds):
+        fig = {}
+        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+            got = runs(trees[name], args, "benchmarks.migration")
+            fig[name] = {k: statistics.median(x[k] for x in got) for k in MIGRATION}
+            print(f"round {r + 1}/{a.rounds} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in fig[name].items()),
+                  flush=True)
+        for k in MIGRATION:
+            ratios[k].append(fig["head"][k] / fig["base"][k])
+    for k, v in ratios.items():
+        print(f"{k}: head/base median {statistics.median(v):.3f} over {a.rounds} rounds "
+              f"(rounds {', '.join(f'{x:.3f}' for x in v)})")
 
 
 def main(argv=None) -> None:
@@ -52,7 +76,14 @@ def main(argv=None) -> None:
     p.add_argument("--rate", default=None)
     p.add_argument("--runs", default="3", help="runs per job process (their median is the round's figure)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--bench", default="jobs", choices=["jobs", "migration"],
+                   help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration")
+    p.add_argument("--strategy", default="lazy", help="--bench migration: the strategy")
+    p.add_argument("--batch", default=None, help="--bench migration: the sources' rows per batch")
     a = p.parse_args(argv)
+    if a.bench == "migration":
+        a.runs = a.runs if "--runs" in (argv or sys.argv) else "1"
+        return migration({"base": tree(a.base), "head": tree(a.head)}, a)
     job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
     trees = {"base": tree(a.base), "head": tree(a.head)}
     speed, p99 = [], []
