@@ -291,3 +291,22 @@ def test_what_waits_to_be_handed_out_stays_bounded(kafka):
             order.append(b.split_id)
     assert (order.count(f"{t}:0"), order.count(f"{t}:1")) == (50, 1)
     assert most <= 2 * 100 + 100        # a batch per split, and one consume call more
+
+
+def test_partitions_with_records_not_handed_out_are_waiting(kafka):
+    """``waiting()`` (the watermark never takes these splits for idle): a partition with
+    records at the broker or consumed but not handed out, until it is read to its end."""
+    t = kafka.create_topic(topic_name(), 3)
+    kafka.produce(t, [f"v{i}" for i in range(3000)], partition=0)
+    kafka.produce(t, [f"w{i}" for i in range(20)], partition=1)
+    reader = opened(make_stage(kafka, t, batch_size=100, until=None))
+    assert reader.waiting() >= {f"{t}:0", f"{t}:1"}        # nothing fetched yet
+    deadline = time.monotonic() + 15
+    while reader.waiting():
+        assert time.monotonic() < deadline, reader.waiting()
+        reader.poll()
+    assert sum(reader.offsets().values()) == 3020       # read to the end of each: none waits
+    kafka.produce(t, ["x"], partition=2)
+    while f"{t}:2" not in reader.waiting():        # a new record: waiting once the consumer hears of it
+        assert time.monotonic() < deadline + 15, reader.waiting()
+        reader._consume()

@@ -325,6 +325,30 @@ def test_ds2_scales_out_on_a_step_in_the_rate_and_back_in_after(two_workers, tmp
     assert counts["n"].sort_index().tolist() == df.groupby("key").size().tolist()
 
 
+def test_a_rescale_that_fails_is_recorded_under_its_operator_and_the_job_runs_on(two_workers, tmp_path):
+    """The autoscaler's rescale raises (here injected into the job's ``rescale``): the
+    decision is recorded as failed with the operator's name and the error, the job ends
+    exact."""
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"key": rng.integers(0, 500, 30_000), "value": rng.random(30_000)})
+    df.to_parquet(tmp_path / "busy.parquet")
+    src = Stream.from_parquet(str(tmp_path / "busy.parquet"), batch_size=1000, rate=10_000)
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=1, name="totals", cost=1 / 2000)
+    with streamlb.run(src, client=two_workers, key_groups=G, autoscale={"totals": (1, 8)},
+                      scaler_options={"cooldown": 1}) as job:
+        def refused(operator, parallelism, strategy=None):
+            raise RuntimeError(f"no room for {parallelism} instances of {operator}")
+
+        job.rescale = refused
+        job.wait(timeout=120)
+        decisions = [h for h in job.history if h.get("kind") == "autoscale"]
+        counts = job.state("totals")
+    failed = [d for d in decisions if d["status"] == "failed"]
+    assert failed and all(d["operator"] == "totals" for d in decisions), decisions
+    assert failed[0]["reason"].startswith("RuntimeError: no room for") and failed[0]["from"] == 1, failed
+    assert counts["n"].sort_index().tolist() == df.groupby("key").size().tolist()
+
+
 def times(k):
     def f(b):
         return b.assign(double=b.value * k)

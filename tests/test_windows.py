@@ -167,6 +167,9 @@ def test_a_split_idle_for_idle_timeout_holds_nothing_back():
     assert clock.watermark(set(), now) == (MAX_TIME, False)              # every split ended
     clock.last["a"] = clock.last["b"] = clock.started + 5
     assert clock.watermark({"a", "b", "c"}, clock.started + 5.5) == (38 * S, False)   # c silent 5 s: idle
+    # unless its reader knows it has rows waiting (a Kafka partition not read up to its end)
+    assert clock.watermark({"a", "b", "c"}, clock.started + 5.5, waiting={"c"}) == (MIN_TIME, False)
+    assert clock.watermark({"a", "b"}, now + 6, waiting={"b"}) == (38 * S, False)
 
 
 def _stamp(frame):

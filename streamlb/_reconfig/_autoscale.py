@@ -109,7 +109,15 @@ class Autoscaler:
                 self.wanted[name] = int(p)
                 entry["status"] = "wanted"
             else:
-                self.job.rescale(name, int(p))
+                try:
+                    self.job.rescale(name, int(p))
+                except Exception as exc:    # recorded under the operator's name; the job runs on
+                    if self.job.status != "running":
+                        raise
+                    logger.warning("streamlb autoscaler: rescaling %r: %s: %s", name, type(exc).__name__, exc)
+                    entry.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+                    out.append(self._record(entry))
+                    continue
                 self.changed[name] = time.time()
                 self.wanted.pop(name, None)
                 entry["status"] = "done"

@@ -199,6 +199,11 @@ class SplitReader(ABC):
         """Splits with nothing left to hand out (for a bounded source: read to their end)."""
         return {s for s in self._ended if s not in self._ahead}
 
+    def waiting(self) -> set[str]:
+        """Splits known to have rows not handed out yet: the watermark never takes them for
+        idle, however long since they last emitted (none known, by default)."""
+        return set()
+
     def total_rows(self) -> int | None:
         """Rows of this instance's splits in all, if known (``rate=`` is shared by them)."""
         return None

@@ -316,6 +316,19 @@ class KafkaReader(SplitReader):
             return True
         return high < 0 or self._fetched[p] < high
 
+    def waiting(self) -> set[str]:
+        """Partitions with records consumed and not handed out, or at the broker and not yet
+        fetched (or not known yet: no fetch answer so far). Runs on the event loop while the
+        reader thread may open or close partitions: one missing meanwhile is left out."""
+        out = set()
+        for p, held in list(self._buffers.items()):
+            try:
+                if len(held) or self._behind(p):
+                    out.add(split_id(self.opts.topic, p))
+            except KeyError:
+                pass
+        return out
+
     def _consume(self) -> None:
         """One ``consume`` call; its records wait by partition."""
         from confluent_kafka import TopicPartition
