@@ -7,6 +7,7 @@ malformed. Every command is answered with a CommandError naming what was wrong; 
 the plugin holds of the job changes; afterwards a valid move still works and the job's
 state is exactly pandas'.
 """
+import functools
 import time
 from collections import Counter
 
@@ -257,7 +258,8 @@ def test_malformed_commands_are_refused_and_the_job_stays_exact(source):
                 handler, args, arg, how = case
                 kinds[handler, how] += 1
                 with pytest.raises(CommandError) as err:
-                    client.sync(getattr(client.scheduler, handler), callback_timeout=10, **args)
+                    # the arguments bound first: an extra one may be named as sync's own ("func")
+                    client.sync(functools.partial(getattr(client.scheduler, handler), **args), callback_timeout=10)
                 message = str(err.value)
                 assert message.startswith(f"{handler}: ") and repr(arg) in message, (handler, args, message)
                 if how == "bad" and isinstance(args[arg], str):     # an unknown name: shown as given
