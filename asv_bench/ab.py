@@ -74,7 +74,8 @@ def main(argv=None) -> None:
     p.add_argument("--op", default="aggregate")
     p.add_argument("--rows", default="5000000")
     p.add_argument("--rate", default=None)
-    p.add_argument("--runs", default="3", help="runs per job process (their median is the round's figure)")
+    p.add_argument("--runs", default=None,
+                   help="runs per process, their median the round's figure (default 3 jobs; 1 migration)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bench", default="jobs", choices=["jobs", "migration"],
                    help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration")
@@ -82,8 +83,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", default=None, help="--bench migration: the sources' rows per batch")
     a = p.parse_args(argv)
     if a.bench == "migration":
-        a.runs = a.runs if "--runs" in (argv or sys.argv) else "1"
+        a.runs = a.runs or "1"
         return migration({"base": tree(a.base), "head": tree(a.head)}, a)
+    a.runs = a.runs or "3"
     job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
     trees = {"base": tree(a.base), "head": tree(a.head)}
     speed, p99 = [], []

@@ -74,14 +74,14 @@ def _p99(windows) -> float:
     return latency.quantile(np.sum(np.stack(windows.latency_hist.to_list()), axis=0), 0.99)
 
 
-def _run(client, path, strategy):
+def _run(client, path, strategy, batch=BATCH):
     from streamz import Stream
 
     import streamlb
 
     _by_value()
     client.run(_sampler)
-    src = Stream.from_parquet(path, batch_size=BATCH, rate=RATE, event_time="event_time")
+    src = Stream.from_parquet(path, batch_size=batch, rate=RATE, event_time="event_time")
     agg = src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=2, name="n")
     if strategy == "lazy-pull":
         agg.map(_nothing).sink_to_list()        # its values are read per batch: lazy must pull
@@ -180,18 +180,16 @@ def main(argv=None) -> None:
     import argparse
     import json
 
-    global BATCH
     p = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0])
     p.add_argument("--strategy", default="lazy", choices=STRATEGIES)
     p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--runs", type=int, default=1)
     a = p.parse_args(argv)
-    BATCH = a.batch
     path = zipf_dataset(ROWS, KEYS, 0.0, partitions=4)
     for _ in range(a.runs):
         cl, client = cluster(2)
         with cl, client:
-            print(json.dumps(_run(client, path, a.strategy)), flush=True)
+            print(json.dumps(_run(client, path, a.strategy, a.batch)), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
+from ._index import factorize_sized
 
 
 def _py_values(col: pd.Series) -> list:
@@ -96,8 +97,8 @@ class StatefulMapState(StateStore):
             return dict(zip(new, assign_to_key_group(_key_array(new), self.groups, name=self.key_name).tolist()))
         # the batch's distinct keys (as Python values, like ``keys``) with the group of the
         # first row of each, found vectorised rather than with a dict over every row
-        codes, uniques = pd.factorize(column, sort=False, size_hint=min(len(column), max(1024, 2 * self._distinct)))
-        self._distinct = len(uniques)   # a table sized by the rows costs more than one sized by the keys
+        codes, uniques = factorize_sized(column, self._distinct)
+        self._distinct = len(uniques)
         first = np.empty(len(uniques), np.int64)
         first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
         return {k: g for k, g in zip(uniques.tolist(), np.asarray(groups)[first].tolist()) if k not in states}

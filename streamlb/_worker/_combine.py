@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._state._index import factorize_sized
+
 RECORDS = "__streamlb_records__"        # records a combined row stands for
 PARTIAL = "__streamlb_{}__{}"           # a partial table of a column: .format(table, column)
 WORTH = 0.5                             # combine when distinct keys / rows is at most this
@@ -86,8 +88,7 @@ class Combiner:
         dense = _dense(keys)
         pick = None                 # dense codes: the offsets in the range that occur
         if dense is None:
-            hint = min(len(keys), max(1024, 2 * self._distinct))
-            codes, uniq = pd.factorize(keys, size_hint=hint)
+            codes, uniq = factorize_sized(keys, self._distinct)
             self._distinct = n = len(uniq)
         else:
             codes, n, lo = dense

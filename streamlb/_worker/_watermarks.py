@@ -55,16 +55,19 @@ class SplitClock:
         return frame
 
     def watermark(self, live: set[str], now: float, may_idle: bool = True,
-                  waiting: set[str] = frozenset()) -> tuple[int, bool]:
+                  waiting=frozenset()) -> tuple[int, bool]:
         """``(watermark, idle)`` over the splits in ``live`` (unfinished). A split that has
         emitted nothing for ``idle_timeout`` (since the source started, if it never has) is
         idle and left out; unless not ``may_idle``: a source read as fast as the job takes
         it has rows ready in every unfinished split, and one that is slow to emit is held
         back by the job, not idle (its rows would be late once it emits again); nor is a
         split in ``waiting``, whose reader knows it has rows not handed out yet (a Kafka
-        partition behind its broker's high watermark)."""
-        active = [s for s in live if not may_idle or s in waiting
-                  or now - self.last.get(s, self.started) <= self.idle_timeout]
+        partition behind its broker's high watermark). ``waiting`` is a set, or a function
+        giving it, called only when some split would go idle (not once per batch)."""
+        stale = {s for s in live if may_idle and now - self.last.get(s, self.started) > self.idle_timeout}
+        if stale and callable(waiting):
+            waiting = waiting()
+        active = [s for s in live if s not in stale or s in waiting]
         if not live:
             return MAX_TIME, False
         if not active:
@@ -105,9 +108,8 @@ class Watermarks:
         src = self.inst.source
         now = time.time()
         live = src.reader is not None and src.reader.live      # a source that waits for data
-        waiting = src.reader.waiting() if live else frozenset()
         wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate) or live,
-                                        waiting=waiting)
+                                        waiting=src.reader.waiting if live else frozenset())
         await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:
