@@ -80,11 +80,14 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
             from ._window_panes import PaneWindowState
 
             return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)
-        if stage.window["mode"] == "join":
-            from ._joins import KEY
-            from ._window_join import JoinRows
+        if stage.window["mode"] == "aggregate":
+            from ._window_session_table import SessionWindowState
 
-            return WindowState(stage.name, stage.window, KEY, key_groups, payload=JoinRows(stage.name, stage.join))
+            return SessionWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)
+        if stage.window["mode"] == "join":
+            from ._window_join_panes import PaneJoinState
+
+            return PaneJoinState(stage.name, stage.window, key_groups, stage.join)
         return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
     if stage.kind == "join":
         from ._joins import JoinState

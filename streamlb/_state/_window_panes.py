@@ -20,13 +20,98 @@ import heapq
 import numpy as np
 import pandas as pd
 
-from .._time import MAX_TIME, from_ns
+from .._time import from_ns
 from ._aggregate import AggregateState
 from ._stateful_map import _key_array
 from ._windows import Floor, WindowState, _floordiv
 
 
-class PaneWindowState(WindowState):
+class PaneClock:
+    """Firing by window end, for stores that keep whole panes (not a payload per key): a
+    window is tracked by its end, with the key groups it has fired for (they differ while a
+    migration holds some). The store gives ``panes`` (pane start -> its state) and
+    ``_window(start, end, groups, keys=None)``: the output rows of a window, for the key
+    groups of the mask ``groups`` (None: all) or only ``keys``."""
+
+    def _open_pane(self, p: int) -> None:
+        """Pane ``p`` opens: the windows it is in are tracked."""
+        s = (p // self.slide) * self.slide
+        while s + self.size > p:
+            self._track(s + self.size, self.fired_to >= s + self.size)
+            s -= self.slide
+
+    def _due_from(self, p: int, groups: np.ndarray, floors: dict) -> None:
+        """State of ``groups`` installed in pane ``p``: its windows that had not fired where
+        it comes from (by the ``floors`` it came with) are due here."""
+        gs = np.unique(groups)
+        s = (p // self.slide) * self.slide
+        while s + self.size > p:
+            end = s + self.size
+            was = np.array([end <= floors.get(g, self.fired_to[g]) for g in gs.tolist()], bool)
+            if end not in self.fired:
+                self._track(end, self.fired_to >= end)
+            self.fired[end][gs] = was
+            s -= self.slide
+
+    def _track(self, end: int, fired: np.ndarray) -> None:
+        """Window ``end`` exists; ``fired``: the key groups it counts as fired for."""
+        if end in self.fired:
+            return
+        self.fired[end] = fired.copy()
+        heapq.heappush(self._ends, end)
+
+    # -- firing -------------------------------------------------------------------------------
+    def advance(self, watermark: int) -> list:
+        self._raise_floor(watermark)
+        out, later = [], []
+        while self._ends and self._ends[0] <= self.watermark:
+            end = heapq.heappop(self._ends)
+            done = self.fired[end]
+            ready = ~done & (self.fired_to >= end) & ~self.held     # moving groups wait (see _pop)
+            if ready.any():
+                frame = self._window(end - self.size, end, None if ready.all() else ready)
+                if frame is not None:
+                    out.append(frame)
+                done |= ready
+            if done.all():
+                del self.fired[end]
+            else:
+                later.append(end)
+        for end in later:
+            heapq.heappush(self._ends, end)
+        out.extend(self._refired())
+        self._expire_panes()
+        return out
+
+    def _refired(self) -> list:
+        """Windows that took late records within their lateness, for the keys that did."""
+        if not self.refire:
+            return []
+        by_window: dict = {}
+        for key, start, end in self.refire:
+            by_window.setdefault((start, end), []).append(key)
+        self.refire.clear()
+        out = []
+        for (start, end), keys in sorted(by_window.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            frame = self._window(start, end, None, keys=keys)
+            if frame is not None:
+                out.append(frame)
+        return out
+
+    def _expire_panes(self) -> None:
+        if self.held.any():
+            return      # a moving group's windows wait to fire (see advance): so do their panes
+        low = int(self.fired_to.min())
+        for p in [p for p in self.panes if (p // self.slide) * self.slide + self.size + self.lateness <= low]:
+            del self.panes[p]
+
+    def rows(self, fired: list) -> pd.DataFrame | None:
+        if not fired:
+            return None
+        return fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True)
+
+
+class PaneWindowState(PaneClock, WindowState):
     """Open panes of a tumbling or hopping window ``aggregate``, each a keyed aggregate."""
 
     def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None) -> None:
@@ -50,18 +135,8 @@ class PaneWindowState(WindowState):
         st = self.panes.get(p)
         if st is None:
             st = self.panes[p] = self._new_state()
-            s = (p // self.slide) * self.slide
-            while s + self.size > p:
-                self._track(s + self.size, self.fired_to >= s + self.size)
-                s -= self.slide
+            self._open_pane(p)
         return st
-
-    def _track(self, end: int, fired: np.ndarray) -> None:
-        """Window ``end`` exists; ``fired``: the key groups it counts as fired for."""
-        if end in self.fired:
-            return
-        self.fired[end] = fired.copy()
-        heapq.heappush(self._ends, end)
 
     # -- data ---------------------------------------------------------------------------------
     def _apply(self, frame, keys, groups, times) -> None:
@@ -79,35 +154,6 @@ class PaneWindowState(WindowState):
         cuts = np.flatnonzero(np.diff(p_sorted)) + 1
         for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(order)])).tolist()):
             self._pane(int(p_sorted[a])).update_columns(keys[a:b], groups[a:b], {c: v[a:b] for c, v in cols.items()})
-
-    # -- firing -------------------------------------------------------------------------------
-    def advance(self, watermark: int) -> list:
-        self.watermark = max(self.watermark, int(watermark))
-        if self.watermark == MAX_TIME:
-            self.holds.clear()
-            self.held[:] = False
-        free = ~self.held
-        self.fired_to[free] = np.maximum(self.fired_to[free], self.watermark)
-        self.wants_fire = False
-        out, later = [], []
-        while self._ends and self._ends[0] <= self.watermark:
-            end = heapq.heappop(self._ends)
-            done = self.fired[end]
-            ready = ~done & (self.fired_to >= end) & ~self.held     # moving groups wait (see _pop)
-            if ready.any():
-                frame = self._window(end - self.size, end, None if ready.all() else ready)
-                if frame is not None:
-                    out.append(frame)
-                done |= ready
-            if done.all():
-                del self.fired[end]
-            else:
-                later.append(end)
-        for end in later:
-            heapq.heappush(self._ends, end)
-        out.extend(self._refired())
-        self._expire_panes()
-        return out
 
     def _parts(self, start: int, end: int, groups: np.ndarray | None) -> list:
         """The states of the panes in ``[start, end)``, whole or (``groups``) in part."""
@@ -171,33 +217,6 @@ class PaneWindowState(WindowState):
                 out[name] = raw[f"{how}:{c}"].to_numpy()
         return pd.DataFrame(out, index=raw.index)
 
-    def _refired(self) -> list:
-        """Windows that took late records within their lateness, for the keys that did."""
-        if not self.refire:
-            return []
-        by_window: dict = {}
-        for key, start, end in self.refire:
-            by_window.setdefault((start, end), []).append(key)
-        self.refire.clear()
-        out = []
-        for (start, end), keys in sorted(by_window.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            frame = self._window(start, end, None, keys=keys)
-            if frame is not None:
-                out.append(frame)
-        return out
-
-    def _expire_panes(self) -> None:
-        if self.held.any():
-            return      # a moving group's windows wait to fire (see advance): so do their panes
-        low = int(self.fired_to.min())
-        for p in [p for p in self.panes if (p // self.slide) * self.slide + self.size + self.lateness <= low]:
-            del self.panes[p]
-
-    def rows(self, fired: list) -> pd.DataFrame | None:
-        if not fired:
-            return None
-        return fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True)
-
     # -- split keys ---------------------------------------------------------------------------
     def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
         late, taken = self._helper_rows(frame, groups, times)
@@ -247,13 +266,7 @@ class PaneWindowState(WindowState):
         return self._per_key(sorted({int(g) for g in groups}), take=False)
 
     def cut_keys(self, keys, groups=None) -> dict:
-        keys = np.asarray(keys)
-        if groups is None:
-            from ..keygroups import assign_to_key_group
-
-            groups = assign_to_key_group(keys, self.groups, name=self.key_name) if len(keys) else np.zeros(0, np.int64)
-        groups = np.asarray(groups, np.int64)
-        self.mark_dirty(groups)
+        keys, groups = self._keys_asked(keys, groups)
         present = [int(g) for g in np.unique(groups)]
         states, order = {Floor(g): int(self.fired_to[g]) for g in present}, list(present)
         for p, st in list(self.panes.items()):
@@ -288,11 +301,7 @@ class PaneWindowState(WindowState):
         return out
 
     def install(self, blob: dict) -> None:
-        states, groups = blob["states"], blob["key_groups"].tolist()
-        self.mark_dirty(groups)
-        floors = {k.group: v for k, v in states.items() if isinstance(k, Floor)}
-        for g, v in floors.items():
-            self.fired_to[g] = max(self.fired_to[g], v)
+        states, groups, floors = self._floors(blob)
         by_pane: dict[int, list] = {}
         for (k, panes), g in zip(states.items(), groups):
             if isinstance(k, Floor):
@@ -322,20 +331,7 @@ class PaneWindowState(WindowState):
                     tables[(name, c)] = np.array([pay[4 * i + j] if np.isfinite(pay[4 * i + j]) else fill
                                                   for _, _, pay in rows], dt)
         st.install({"dtypes": dtypes, "parts": [{"keys": keys, "key_groups": kg, "tables": tables}]})
-        # windows that had not fired where the state comes from are due here
-        s = (p // self.slide) * self.slide
-        while s + self.size > p:
-            end = s + self.size
-            was = np.zeros(self.groups, bool)
-            for g in np.unique(kg).tolist():
-                was[g] = end <= floors.get(g, self.fired_to[g])
-            if end in self.fired:
-                self.fired[end][np.unique(kg)] = was[np.unique(kg)]
-            else:
-                mask = self.fired_to >= end
-                mask[np.unique(kg)] = was[np.unique(kg)]
-                self._track(end, mask)
-            s -= self.slide
+        self._due_from(p, kg, floors)
 
     def contains(self, keys, groups=None) -> np.ndarray:
         out = np.zeros(len(keys), bool)

@@ -229,9 +229,9 @@ class WindowState(Sessions, KeyDict, StateStore):
             s -= self.slide
         heapq.heappush(self._expire, (last_start + self.size + self.lateness, next(self._n), key))
 
-    def advance(self, watermark: int) -> list:
-        """The operator's watermark is ``watermark``: fire what is due, drop what expired.
-        Returns ``(key, start, end, payload)`` of every window fired (late firings too)."""
+    def _raise_floor(self, watermark: int) -> None:
+        """The operator's watermark is ``watermark``: ``fired_to`` follows it, but for the
+        key groups held while they move."""
         self.watermark = max(self.watermark, int(watermark))
         if self.watermark == MAX_TIME:      # end of stream: nothing more comes, for any group
             self.holds.clear()
@@ -239,6 +239,11 @@ class WindowState(Sessions, KeyDict, StateStore):
         free = ~self.held
         self.fired_to[free] = np.maximum(self.fired_to[free], self.watermark)
         self.wants_fire = False
+
+    def advance(self, watermark: int) -> list:
+        """The operator's watermark is ``watermark``: fire what is due, drop what expired.
+        Returns ``(key, start, end, payload)`` of every window fired (late firings too)."""
+        self._raise_floor(watermark)
         out = self._fire_due()
         for key, start, end in sorted(self.refire, key=lambda r: (r[2], r[1])):
             w = self._window(key, start, end)
@@ -374,6 +379,16 @@ class WindowState(Sessions, KeyDict, StateStore):
         groups = [int(g) for g in groups]
         return self._blob(self._held(groups), groups, take=False)
 
+    def _keys_asked(self, keys, groups) -> tuple[np.ndarray, np.ndarray]:
+        """Keys a lazy migration pulls and their key groups (found if not given), marked
+        changed."""
+        keys = np.asarray(keys)
+        if groups is None:
+            groups = assign_to_key_group(keys, self.groups, name=self.key_name) if len(keys) else np.zeros(0, np.int64)
+        groups = np.asarray(groups, np.int64)
+        self.mark_dirty(groups)
+        return keys, groups
+
     def cut_keys(self, keys, groups=None) -> dict:
         keys = np.asarray(keys).tolist()
         if groups is None:
@@ -384,12 +399,18 @@ class WindowState(Sessions, KeyDict, StateStore):
         items = list(dict.fromkeys((k, g) for k, g in zip(keys, groups) if k in self.keys))
         return self._blob(items, sorted(set(groups)), take=True)
 
-    def install(self, blob: dict) -> None:
+    def _floors(self, blob: dict) -> tuple[dict, list, dict]:
+        """An installed blob's ``(states, key groups, {group: fired_to})``; each group's
+        ``fired_to`` here is raised to the one it comes with."""
         states, groups = blob["states"], blob["key_groups"].tolist()
         self.mark_dirty(groups)
         floors = {k.group: v for k, v in states.items() if isinstance(k, Floor)}
         for g, v in floors.items():
             self.fired_to[g] = max(self.fired_to[g], v)
+        return states, groups, floors
+
+    def install(self, blob: dict) -> None:
+        states, groups, floors = self._floors(blob)
         for (k, state), g in zip(states.items(), groups):
             if isinstance(k, Floor):
                 continue
