@@ -56,8 +56,9 @@ def _frame(recs: list) -> pd.DataFrame:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=records, cuts=st.lists(st.integers(1, 119), max_size=6), delay=st.sampled_from([0, 2, 8]),
-       lateness=st.sampled_from([0, 3 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4))
-def test_the_table_fires_and_refuses_what_the_per_key_store_does(recs, cuts, delay, lateness, move):
+       lateness=st.sampled_from([0, 3 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4),
+       pull=st.lists(st.sampled_from([1, 2, 3, 7, 11]), max_size=3))
+def test_the_table_fires_and_refuses_what_the_per_key_store_does(recs, cuts, delay, lateness, move, pull):
     frame = _frame(recs)
     new, old = _stores(lateness)
     bounds = sorted({0, len(frame), *[c for c in cuts if c < len(frame)]})
@@ -76,6 +77,10 @@ def test_the_table_fires_and_refuses_what_the_per_key_store_does(recs, cuts, del
             back = SessionWindowState("w", _window(lateness), "key", GROUPS, spec=SPEC)
             back.install(new.cut(move))
             new.install(back.cut(move))
+        if i == 2 and pull:          # keys pulled out (lazy) and back
+            back = SessionWindowState("w", _window(lateness), "key", GROUPS, spec=SPEC)
+            back.install(new.cut_keys(np.array(pull, np.int64)))
+            new.install(back.cut_keys(np.array(pull, np.int64)))
             assert new.snapshot(range(GROUPS))["states"].keys() == old.snapshot(range(GROUPS))["states"].keys()
     assert sorted(map(str, new.snapshot(range(GROUPS))["states"].items())) == \
         sorted(map(str, old.snapshot(range(GROUPS))["states"].items()))
@@ -147,8 +152,9 @@ sides = st.lists(st.tuples(st.sampled_from([1, 2, 3, 7, 11]), st.integers(0, 40_
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.tuples(sides, st.integers(0, 1)), min_size=1, max_size=8),
        kind=st.sampled_from(["tumbling", "hopping"]), delay=st.sampled_from([0, 3, 9]),
-       lateness=st.sampled_from([0, 4 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4))
-def test_the_window_join_table_joins_what_the_per_key_store_does(batches, kind, delay, lateness, move):
+       lateness=st.sampled_from([0, 4 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4),
+       pull=st.lists(st.sampled_from([1, 2, 3, 7, 11]), max_size=3))
+def test_the_window_join_table_joins_what_the_per_key_store_does(batches, kind, delay, lateness, move, pull):
     new, old = _join_stores(kind, lateness)
     seen, joined = -(2 ** 62), []
     for i, (recs, side) in enumerate(batches):
@@ -165,6 +171,10 @@ def test_the_window_join_table_joins_what_the_per_key_store_does(batches, kind, 
             back, _ = _join_stores(kind, lateness)
             back.install(new.cut(move))
             new.install(back.cut(move))
+        if i == 2 and pull:
+            back, _ = _join_stores(kind, lateness)
+            back.install(new.cut_keys(np.array(pull, np.int64)))
+            new.install(back.cut_keys(np.array(pull, np.int64)))
         assert len(new) == len(old)
         assert new.keys_per_group(range(GROUPS)).tolist() == old.keys_per_group(range(GROUPS)).tolist()
     g, w = new.rows(new.advance(MAX_TIME)), old.rows(old.advance(MAX_TIME))

@@ -25,6 +25,9 @@ from ._window_join import JoinRows, Slice
 from ._window_panes import PaneClock
 from ._windows import Floor, WindowState, _floordiv
 
+#: a pane's side holding more parts than this has them joined into one
+COMPACT = 8
+
 
 class PaneJoinState(PaneClock, WindowState):
     """Open panes of a window join: per pane, each side's rows as parts of batches."""
@@ -63,7 +66,10 @@ class PaneJoinState(PaneClock, WindowState):
         if pane is None:
             pane = self.panes[p] = ([], [])
             self._open_pane(p)
-        pane[side].append((rows, groups))
+        parts = pane[side]
+        parts.append((rows, groups))
+        if len(parts) > COMPACT:        # small batches: one part, so what scans parts stays cheap
+            parts[:] = [(pd.concat([r for r, _ in parts], ignore_index=True), np.concatenate([g for _, g in parts]))]
 
     # -- firing -------------------------------------------------------------------------------
     def _side(self, start: int, end: int, side: int, groups, keys=None) -> pd.DataFrame | None:
@@ -145,8 +151,13 @@ class PaneJoinState(PaneClock, WindowState):
 
     def cut_keys(self, keys, groups=None) -> dict:
         keys, groups = self._keys_asked(keys, groups)
-        return self._per_key(lambda rows, gs: rows[KEY].isin(keys).to_numpy(), sorted(set(groups.tolist())),
-                             take=True)
+        asked = np.unique(groups)
+
+        def select(rows, gs):
+            sel = np.isin(gs, asked)
+            return sel & rows[KEY].isin(keys).to_numpy() if sel.any() else sel
+
+        return self._per_key(select, asked.tolist(), take=True)
 
     def install(self, blob: dict) -> None:
         states, groups, floors = self._floors(blob)
