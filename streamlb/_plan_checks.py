@@ -123,6 +123,8 @@ def _project(plan: Plan) -> None:
     nothing writes to it: its frames may share Arrow's read-only buffers)."""
     by_id = {s.id: s for s in plan.stages}
     for src in plan.stages:
+        if src.kind == "parquet_source" and src.columns is None:
+            _prune(src)
         if src.kind != "parquet_source" or not src.children or not _aggregates_only(src, by_id):
             continue
         src.read_only = True
@@ -134,3 +136,34 @@ def _project(plan: Plan) -> None:
             needed |= {src.event_time} - {None}
             needed |= {t.cost for t in targets if isinstance(t.cost, str)}
             src.columns = [f.name for f in pq.read_schema(src.files[0]) if f.name in needed]
+
+
+def _selected(steps: list) -> set | None:
+    """The columns ``steps`` read when every path through them starts with a ``select``
+    (after a ``with_watermark``, whose column it adds); else None."""
+    need: set = set()
+    for step in steps:
+        if step.kind == "select":
+            need |= set(step.args[0])
+        elif step.kind == "watermark" and (after := _selected(step.children)) is not None:
+            need |= after | {step.name}
+        else:
+            return None
+    return need or None
+
+
+def _prune(src) -> None:
+    """A Parquet source whose every consumer starts with ``select`` reads only the columns
+    they keep (and its event-time columns); a selected column not in its files is refused."""
+    need = _selected(src.children)
+    if need is None:
+        return
+    import pyarrow.parquet as pq
+
+    have = [f.name for f in pq.read_schema(src.files[0])]
+    missing = sorted(need - set(have))
+    if missing:
+        raise SchemaError(f"select: column {missing[0]!r} is not in the files of source {src.name!r} "
+                          f"({src.files[0]!r}); their columns: {', '.join(have)}")
+    need |= {src.event_time} - {None}
+    src.columns = [c for c in have if c in need]

@@ -16,7 +16,7 @@ from ._node_base import (_check_cost, _check_name, _check_parallelism, _Describe
                          _Late, late_records)
 from .exceptions import PipelineError
 
-__all__ = ["from_parquet", "with_watermark", "key_by", "window", "aggregate", "apply", "join", "process",
+__all__ = ["from_parquet", "with_watermark", "select", "key_by", "window", "aggregate", "apply", "join", "process",
            "stateful_map", "rebalance", "to_parquet"]
 
 AGGREGATIONS = ("count", "sum", "min", "max", "mean")
@@ -314,3 +314,4 @@ class to_parquet(Sink):
 from ._nodes_time import apply, window, with_watermark  # noqa: E402,F401  (registered on streamz.Stream)
 from ._nodes_join import join, process  # noqa: E402,F401  (registered on streamz.Stream)
 from ._nodes_kafka import from_kafka_topic, to_kafka_topic  # noqa: E402,F401  (registered on streamz.Stream)
+from ._nodes_select import select  # noqa: E402,F401  (registered on streamz.Stream)

@@ -19,13 +19,15 @@ from ._plan_checks import MIN_PACED_BATCH, PACED_BATCHES, _check_columns, _proje
 from ._plan_time import event_time as _event_time
 from . import nodes
 from . import _nodes_kafka
+from . import _nodes_select
 from .exceptions import InputPathError, PipelineError, SchemaError
 from ._functions import UserFunction
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
-SUPPORTED = ("from_parquet, from_iterable, from_kafka_topic, with_watermark, key_by, aggregate, stateful_map, window, apply, join, "
-             "process, union, rebalance, map, starmap, filter, flatten, sink, sink_to_list, to_parquet, to_kafka_topic")
+SUPPORTED = ("from_parquet, from_iterable, from_kafka_topic, with_watermark, key_by, aggregate, stateful_map, "
+             "window, apply, join, process, union, rebalance, select, map, starmap, filter, flatten, sink, "
+             "sink_to_list, to_parquet, to_kafka_topic")
 KEYED_KINDS = ("aggregate", "stateful_map", "window", "join", "process")     # stage kinds that hold keyed state
 #: A sender's id at a stage with several inputs: ``slot * SENDERS + instance index`` (slot 0,
 #: the only one of most stages, keeps the instance index).
@@ -391,6 +393,8 @@ class _Planner:
             return Step("sink", func=_ship(n.func, stage.name), args=n.args, kwargs=n.kwargs)
         if isinstance(n, sz.flatten):
             return Step("flatten", children=self.children(n, stage))
+        if isinstance(n, _nodes_select.select):
+            return Step("select", args=(tuple(n.columns),), children=self.children(n, stage), name=n.name)
         for cls, kind, attr in ((sz.map, "map", "func"), (sz.starmap, "starmap", "func"),
                                 (sz.filter, "filter", "predicate")):
             if type(n) is cls:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .._functions import describe
-from ..exceptions import UserFunctionError
+from ..exceptions import SchemaError, UserFunctionError
 from ..planner import Step
 from ._sinks import Sinks
 
@@ -72,6 +72,8 @@ class StepRunner:
                 await self.run(step.children, call_user(self.operator, step, step.func, *x), emitted)
             case "filter":
                 await self._filter(step, x, emitted)
+            case "select":
+                await self.run(step.children, self._select(step, x), emitted)
             case "flatten":
                 for item in x:
                     await self.run(step.children, item, emitted)
@@ -89,6 +91,18 @@ class StepRunner:
                 x = self.observe(x)
                 if len(x):
                     await self.run(step.children, x, emitted)
+
+    def _select(self, step: Step, x):
+        cols = list(step.args[0])
+        have = getattr(x, "columns", None)
+        if have is None:
+            raise SchemaError(f"operator {self.operator!r}: select({cols}) takes DataFrame batches, got "
+                              f"{type(x).__name__}")
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise SchemaError(f"operator {self.operator!r}: select({cols}): column {missing[0]!r} is not in the "
+                              f"batch; its columns: {', '.join(map(str, have))}")
+        return x[cols]
 
     async def _filter(self, step: Step, x, emitted: float) -> None:
         keep = call_user(self.operator, step, step.func, x)

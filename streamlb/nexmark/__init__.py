@@ -24,14 +24,19 @@ MAX_AUCTION = "1h"
 _NS = pd.Timedelta("1ns")
 
 
-def _timed(src, column: str = "date_time"):
-    return src.with_watermark(column, delay=DELAY)
+def _timed(src, columns: list[str] | None = None, column: str = "date_time"):
+    """``src`` with its watermark; with ``columns``, only those are read (``select``)."""
+    src = src.with_watermark(column, delay=DELAY)
+    return src.select(columns) if columns else src
+
+
+_BID = ["auction", "bidder", "price", "date_time"]
 
 
 # -- q0-q2: stateless -------------------------------------------------------------------------
 def q0(person, auction, bid):
     """Pass-through: every bid's auction, bidder, price, date_time."""
-    return _timed(bid).map(lambda df: df[["auction", "bidder", "price", "date_time"]].reset_index(drop=True))
+    return _timed(bid, _BID).map(lambda df: df[_BID].reset_index(drop=True))
 
 
 def _q1(df):
@@ -41,19 +46,22 @@ def _q1(df):
 
 def q1(person, auction, bid):
     """Currency conversion: every bid with its price × 0.908."""
-    return _timed(bid).map(_q1)
+    return _timed(bid, _BID).map(_q1)
 
 
 def q2(person, auction, bid):
     """Selection: the auction and price of bids on every 123rd auction."""
-    return _timed(bid).map(lambda df: df.loc[df.auction % 123 == 0, ["auction", "price"]].reset_index(drop=True))
+    return _timed(bid, ["auction", "price"]).map(
+        lambda df: df.loc[df.auction % 123 == 0, ["auction", "price"]].reset_index(drop=True))
 
 
 # -- q3: a regular join ---------------------------------------------------------------------
 def q3(person, auction, bid):
     """Local item suggestion: auctions of category 10 by sellers in OR, ID or CA."""
-    a = _timed(auction).map(lambda df: df.loc[df.category == 10, ["id", "seller"]].rename(columns={"id": "auction_id"}))
-    p = _timed(person).map(lambda df: df.loc[df.state.isin(["OR", "ID", "CA"]), ["id", "name", "city", "state"]])
+    a = _timed(auction, ["id", "seller", "category"]).map(
+        lambda df: df.loc[df.category == 10, ["id", "seller"]].rename(columns={"id": "auction_id"}))
+    p = _timed(person, ["id", "name", "city", "state"]).map(
+        lambda df: df.loc[df.state.isin(["OR", "ID", "CA"]), ["id", "name", "city", "state"]])
     j = a.key_by("seller").join(p.key_by("id"), name="q3_join")
     return j.map(lambda df: df[["name", "city", "state", "auction_id"]].rename(columns={"auction_id": "id"}))
 
@@ -83,8 +91,8 @@ def _close(key, when, ctx):
 def closed_auctions(auction, bid):
     """Each auction that had a bid within its lifetime, once the watermark passes its
     ``expires``: id, category, seller, final (its highest such bid), expires."""
-    a = _timed(auction).map(lambda df: df[["id", "seller", "category", "date_time", "expires"]])
-    b = _timed(bid).map(lambda df: df[["auction", "price", "date_time"]])
+    a = _timed(auction, ["id", "seller", "category", "date_time", "expires"])
+    b = _timed(bid, ["auction", "price", "date_time"])
     pairs = a.key_by("id").join(b.key_by("auction"), between=("0s", MAX_AUCTION), where=_bid_in_time,
                                 name="closing_join")
     return pairs.key_by("id").process(_highest, on_timer=_close, name="closing")
@@ -156,7 +164,7 @@ def _top_num(key, when, ctx):
 
 def q5(person, auction, bid):
     """Hot items: per 10 s window sliding by 2 s, the auctions with the most bids."""
-    counts = _timed(bid).key_by("auction").window(size="10s", slide="2s").aggregate(
+    counts = _timed(bid, ["auction", "date_time"]).key_by("auction").window(size="10s", slide="2s").aggregate(
         {"num": ("auction", "count")}, name="q5_count")
     top = counts.key_by(_window_key, name="window").process(_gather, on_timer=_top_num, name="q5_top")
     return top.map(_unwindowed)
@@ -178,7 +186,7 @@ def _top_price(key, when, ctx):
 def q7(person, auction, bid):
     """Highest bid: per 10 s tumbling window, the bids at the window's highest price (a
     window's bids gathered under its end, taken once the watermark reaches it)."""
-    b = _timed(bid).map(_in_window)
+    b = _timed(bid, _BID).map(_in_window)
     top = b.key_by(_window_key, name="window").process(_gather, on_timer=_top_price, name="q7_top")
     return top.map(_unwindowed)
 
@@ -191,8 +199,8 @@ def _new_users(df):
 
 def q8(person, auction, bid):
     """Monitor new users: people who opened auctions in the same 10 s window they joined."""
-    p = _timed(person).map(lambda df: df[["id", "name", "date_time"]])
-    a = _timed(auction).map(lambda df: df[["seller", "date_time"]])
+    p = _timed(person, ["id", "name", "date_time"])
+    a = _timed(auction, ["seller", "date_time"])
     return p.key_by("id").window(size="10s").join(a.key_by("seller"), name="q8_join").map(_new_users)
 
 
@@ -204,7 +212,7 @@ def _per_bidder(df):
 
 def q11(person, auction, bid):
     """User sessions: bids per bidder session (gap 10 s)."""
-    return _timed(bid).key_by("bidder").window(gap="10s").aggregate(
+    return _timed(bid, ["bidder", "date_time"]).key_by("bidder").window(gap="10s").aggregate(
         {"bid_count": ("bidder", "count")}, name="q11_sessions").map(_per_bidder)
 
 
@@ -215,7 +223,7 @@ def _now(df):
 def q12(person, auction, bid):
     """Bids per bidder per 10 s processing-time window (processing time taken as the bid
     leaves its source)."""
-    pt = bid.map(_now).with_watermark("processing_time", delay="0s")
+    pt = bid.select(["bidder"]).map(_now).with_watermark("processing_time", delay="0s")
     return pt.key_by("bidder").window(size="10s").aggregate(
         {"bid_count": ("bidder", "count")}, name="q12_windows").map(_per_bidder)
 
