@@ -32,11 +32,14 @@ def _check_columns(plan: Plan) -> None:
             cols = {c: cols[c] for c in src.columns}
         if any(s.kind == "watermark" for s in src.children):
             _check_event_time(src, cols)
-        todo = [s for s in src.children]
+        todo = [(s, cols, "") for s in src.children]
         while todo:
-            step = todo.pop()
+            step, cols, after = todo.pop()
             if step.kind in ("filter", "watermark"):
-                todo.extend(step.children)
+                todo.extend((s, cols, after) for s in step.children)
+            if step.kind == "select":       # below it, only the columns it keeps
+                kept = {c: cols[c] for c in step.args[0] if c in cols}
+                todo.extend((s, kept, f" after select({list(step.args[0])})") for s in step.children)
             if step.kind != "exchange":
                 continue
             st = by_id[step.target]
@@ -50,7 +53,7 @@ def _check_columns(plan: Plan) -> None:
             for c in needed:
                 if c not in cols:
                     raise SchemaError(
-                        f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}; "
+                        f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}{after}; "
                         f"columns there: {', '.join(cols)}"
                     )
             if st.exchange == "keyed" and isinstance(key, str):

@@ -61,3 +61,11 @@ def test_select_of_a_column_a_batch_lacks_fails_the_job_naming_it(client):
 def test_bad_columns_are_refused_naming_what_is_valid(bad):
     with pytest.raises(PipelineError, match="select: columns must be a non-empty list of distinct column names"):
         Stream.from_iterable([]).select(bad)
+
+
+def test_a_key_that_select_drops_is_named_before_the_job_starts(disordered):
+    src = Stream.from_parquet(disordered)
+    src.select(["value"]).key_by("key").aggregate({"n": ("value", "count")}, name="agg")
+    with pytest.raises(SchemaError, match=r"operator 'agg' needs column 'key', which is not in .* after "
+                                          r"select\(\['value'\]\); columns there: value"):
+        _plan(src)

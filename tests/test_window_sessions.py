@@ -54,7 +54,7 @@ def _frame(recs: list) -> pd.DataFrame:
                          "event_time": pd.to_datetime(np.array(ms, np.int64), unit="ms")})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=records, cuts=st.lists(st.integers(1, 119), max_size=6), delay=st.sampled_from([0, 2, 8]),
        lateness=st.sampled_from([0, 3 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4),
        pull=st.lists(st.sampled_from([1, 2, 3, 7, 11]), max_size=3))
@@ -149,7 +149,7 @@ sides = st.lists(st.tuples(st.sampled_from([1, 2, 3, 7, 11]), st.integers(0, 40_
                  min_size=1, max_size=25)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.tuples(sides, st.integers(0, 1)), min_size=1, max_size=8),
        kind=st.sampled_from(["tumbling", "hopping"]), delay=st.sampled_from([0, 3, 9]),
        lateness=st.sampled_from([0, 4 * S]), move=st.lists(st.integers(0, GROUPS - 1), max_size=4),
