@@ -152,7 +152,12 @@ def test_data_kept_across_a_restart(kafka):
     c.close()
     before = kafka.read_all(t)
     kafka.restart()
-    assert kafka.read_all(t) == before
+    # the broker answers metadata before it has loaded its logs (on a slow machine the topic
+    # read as empty for a moment): wait for what was there, up to 30 s
+    deadline = time.monotonic() + 30
+    while (after := kafka.read_all(t)) != before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert after == before
     c = kafka.consumer(**{"group.id": group})
     assert c.committed([TopicPartition(t, 1)], timeout=10)[0].offset == 42
     assert high(c, t, 1) == 250
