@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 
 from .._time import from_ns
-from ..keygroups import assign_to_key_group
 from ._stateful_map import _key_array
 from ._windows import Floor, WindowState
 
@@ -58,8 +57,10 @@ class SessionWindowState(WindowState):
     def _dtype(self, c: str, values=None) -> np.dtype:
         """Input ``c``'s dtype as the batches gave it, else as ``values`` (installed) suggest."""
         dt = self.payload.dtypes.get(c)
-        if dt is not None or values is None:
-            return dt or np.dtype(np.float64)
+        if dt is not None:
+            return dt
+        if values is None:
+            return np.dtype(np.float64)
         return np.dtype(np.int64) if all(isinstance(v, (int, np.integer)) for v in values) else np.dtype(np.float64)
 
     def _keep(self, mask: np.ndarray) -> None:
@@ -73,30 +74,13 @@ class SessionWindowState(WindowState):
         else:
             self.t = {c: np.concatenate((v, rows[c])) for c, v in self.t.items()}
 
-    # -- data ---------------------------------------------------------------------------------
-    def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None, times: np.ndarray | None = None):
-        keys = frame[self.key_name].to_numpy()
-        if groups is None:
-            groups = assign_to_key_group(keys, self.groups, name=self.key_name) if len(keys) else np.zeros(0, np.int64)
-        groups = np.asarray(groups, np.int64)
-        thr = self.fired_to[groups]
-        late = times + self.gap + self.lateness <= thr
-        late_rows = []
-        if late.any():
-            r = np.flatnonzero(late)
-            late_rows.append((r, times[r], times[r] + self.gap, thr[r]))
-        self._tombstone_late(keys, times, thr, late, late_rows)
-        if not late.all():
-            idx = np.flatnonzero(~late) if late.any() else None
-            sub = frame if idx is None else frame.take(idx)
-            pick = (lambda a: a) if idx is None else (lambda a: a[idx])
-            self.mark_dirty(np.unique(pick(groups)))
-            self._merge(self._records(sub, pick(keys), pick(groups), pick(times)))
-        return self._late_frame(frame, late_rows)
+    # -- data: lateness and the late rows are WindowState's (update, _session_late) ----------
+    def _apply(self, frame, keys, groups, times) -> None:
+        self.mark_dirty(np.unique(groups))
+        self._merge(self._records(frame, keys, groups, times))
 
     def _tombstone_late(self, keys, times, thr, late, late_rows: list) -> None:
-        """Records that would join a tombstone of their key are late (``late`` set in place):
-        the window they are reported in is the first such tombstone's."""
+        """As :class:`~._window_sessions.Sessions`'s, with the tombstones found by one merge."""
         t = self.t
         if t is None or not t["closed"].any():
             return

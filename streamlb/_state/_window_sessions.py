@@ -25,6 +25,12 @@ class Sessions:
         if late.any():
             r = np.flatnonzero(late)
             out.append((r, times[r], times[r] + self.gap, thr[r]))
+        self._tombstone_late(keys, times, thr, late, out)
+        return out, late
+
+    def _tombstone_late(self, keys, times, thr, late, out: list) -> None:
+        """Records that would join a tombstone of their key are late (``late`` set in place,
+        their rows added to ``out``), reported in the window of the first such tombstone."""
         if self.closed:
             rows, starts, ends = [], [], []
             for r in np.flatnonzero(~late & pd.Index(keys).isin(list(self.closed))).tolist():
@@ -39,7 +45,6 @@ class Sessions:
             if rows:
                 r = np.array(rows, np.int64)
                 out.append((r, np.array(starts, np.int64), np.array(ends, np.int64), thr[r]))
-        return out, late
 
     def _apply_sessions(self, frame, codes, uniq_keys, groups, times) -> None:
         order = np.lexsort((times, codes))
