@@ -96,6 +96,12 @@ class JoinState(StateStore):
         if self.holds.pop(epoch, None) is not None:
             self.released = True
 
+    def end(self) -> None:
+        """The instance finishes: nothing moves any more; every row goes by the watermark."""
+        self.holds.clear()
+        self.frozen[:] = MAX_TIME
+        self.released = False
+
     def _thaw(self) -> None:
         """A watermark came after a move ended: its groups go by the watermark again."""
         if self.released:
@@ -214,12 +220,12 @@ class JoinState(StateStore):
         join, ``(side, rows)`` of those dropped that never matched."""
         self.watermark = max(self.watermark, watermark)
         self._thaw()
-        # a group moving here or away drops nothing until the move is done here: a new owner
-        # may still hold rows back that match the rows it installed
+        # a group moving here or away drops nothing until the move is done here, even at the
+        # end of the inputs: a new owner may still hold rows back that match the rows it
+        # installed (:meth:`end` lets go once the instance finishes)
         moving = np.zeros(self.groups, bool)
-        if self.watermark < MAX_TIME:
-            for gs in self.holds.values():
-                moving[gs] = True
+        for gs in self.holds.values():
+            moving[gs] = True
         out = []
         for side in (0, 1):
             limit = self._limit(side)

@@ -34,6 +34,12 @@ class KeyDict:
             self.held[gs] = True
         return True
 
+    def end(self) -> None:
+        """The instance finishes: no state or rows are on their way any more, so nothing
+        is held (what a hold kept back fires with the end of stream)."""
+        self.holds.clear()
+        self.held[:] = False
+
     def contains(self, keys, groups=None) -> np.ndarray:
         return np.fromiter((k in self.keys for k in np.asarray(keys).tolist()), bool, len(keys))
 

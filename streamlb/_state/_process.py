@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from .._time import MAX_TIME, MIN_TIME, UNITS
+from .._time import MIN_TIME, UNITS
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._keydict import KeyDict
@@ -102,7 +102,7 @@ class ProcessState(KeyDict, StateStore):
         """``(time, key)`` of each timer the watermark passed (time < watermark), in time order,
         each removed from its key."""
         self.watermark = max(self.watermark, watermark)
-        held = self.held.any() and self.watermark < MAX_TIME
+        held = self.held.any()       # even at +inf: until the move is done here (end lets go)
         out, later = [], []
         while self.heap and self.heap[0][0] < self.watermark:
             item = heapq.heappop(self.heap)

@@ -231,11 +231,10 @@ class WindowState(Sessions, KeyDict, StateStore):
 
     def _raise_floor(self, watermark: int) -> None:
         """The operator's watermark is ``watermark``: ``fired_to`` follows it, but for the
-        key groups held while they move."""
+        key groups held while they move, even at the end of the inputs (+inf): a new owner
+        whose routers have all ended may still hold rows of a moving group back until its
+        state is in, and they must not be late by then (:meth:`end` lets go at the finish)."""
         self.watermark = max(self.watermark, int(watermark))
-        if self.watermark == MAX_TIME:      # end of stream: nothing more comes, for any group
-            self.holds.clear()
-            self.held[:] = False
         free = ~self.held
         self.fired_to[free] = np.maximum(self.fired_to[free], self.watermark)
         self.wants_fire = False

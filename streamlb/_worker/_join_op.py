@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from .._state._joins import SIDE
-from .._time import MAX_TIME, nulls, to_ns
+from .._time import nulls, to_ns
 from ..exceptions import SchemaError, UserFunctionError
 from ..planner import SENDERS
-from ._operators import _Keyed
+from ._operators import OnEventTime
 
 SIDES = ("left", "right")
 
@@ -49,7 +49,7 @@ def side_of(stage, sender: int) -> int:
     return stage.sides[sender // SENDERS]
 
 
-class JoinOperator(_Keyed):
+class JoinOperator(OnEventTime):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         j = self.stage.join
@@ -106,9 +106,6 @@ class JoinOperator(_Keyed):
         for side, rows in self.store.advance(watermark):
             if self.stage.children:
                 await self.ctx.steps.run(self.stage.children, self.store.unmatched(side, rows), made_at)
-
-    async def on_end(self) -> None:
-        await self.on_watermark(MAX_TIME, time.time())
 
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
         self.ctx.meter.late(len(rows))

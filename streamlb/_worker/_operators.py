@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .. import _shuffle
+from .._time import MAX_TIME
 from ..exceptions import PipelineError
 from ._combine import RECORDS, blob_of, records_of
 from ._messages import Partial
@@ -137,6 +138,16 @@ class _Keyed(OperatorLogic):
 
     def snapshot(self, groups) -> dict:
         return self.store.snapshot(groups)
+
+
+class OnEventTime(_Keyed):
+    """A keyed operator whose output waits on event time (windows, joins, timers)."""
+
+    async def on_end(self) -> None:
+        """Every input ended and no state is on its way here (the instance finishes): what
+        moving key groups held back goes by the watermark too, and everything fires."""
+        self.store.end()
+        await self.on_watermark(MAX_TIME, time.time())
 
 
 class StatefulMap(_Keyed):

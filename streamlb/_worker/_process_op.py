@@ -13,12 +13,11 @@ import time
 import pandas as pd
 
 from .._functions import describe
-from .._time import MAX_TIME
 from ..exceptions import UserFunctionError
-from ._operators import _Keyed
+from ._operators import OnEventTime
 
 
-class ProcessOperator(_Keyed):
+class ProcessOperator(OnEventTime):
     def _call(self, what: str, func, key, arg, ctx, outs: list, rows: list) -> None:
         """Call ``func`` for ``key``; what it returns goes to ``outs`` (frames) or ``rows``
         (a dict is one row: thousands of keys firing at once make one frame, not thousands)."""
@@ -68,9 +67,6 @@ class ProcessOperator(_Keyed):
             self._call("on_timer", store.on_timer, key, store.from_ns(t), c, outs, dicts)
             store.settle(key, store.group_of[key], c)
         await self._emit(outs, dicts, made_at)
-
-    async def on_end(self) -> None:
-        await self.on_watermark(MAX_TIME, time.time())
 
     async def _emit(self, outs: list, dicts: list, emitted: float) -> None:
         if dicts:

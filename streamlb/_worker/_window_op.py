@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 
 from .._state._joins import KEY, SIDE
-from .._time import MAX_TIME, nulls, time_type, to_ns
+from .._time import nulls, time_type, to_ns
 from ._messages import Partial
-from ._operators import _Keyed
+from ._operators import OnEventTime
 
 
-class WindowOperator(_Keyed):
+class WindowOperator(OnEventTime):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         w = self.stage.window
@@ -107,9 +107,6 @@ class WindowOperator(_Keyed):
 
     async def on_watermark(self, watermark: int, made_at: float) -> None:
         await self._emit(self.store.advance(watermark), made_at)
-
-    async def on_end(self) -> None:
-        await self.on_watermark(MAX_TIME, time.time())
 
     async def _emit(self, fired: list, made_at: float) -> None:
         """Rows of the windows fired by a watermark made at ``made_at`` (wall clock): it is
