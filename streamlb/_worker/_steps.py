@@ -98,6 +98,8 @@ class StepRunner:
         if have is None:
             raise SchemaError(f"operator {self.operator!r}: select({cols}) takes DataFrame batches, got "
                               f"{type(x).__name__}")
+        if len(have) == len(cols) and all(a == b for a, b in zip(have, cols)):
+            return x        # the source read only these (select pushed down): nothing to copy
         missing = [c for c in cols if c not in have]
         if missing:
             raise SchemaError(f"operator {self.operator!r}: select({cols}): column {missing[0]!r} is not in the "
