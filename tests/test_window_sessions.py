@@ -228,3 +228,41 @@ def test_rows_a_new_owner_held_back_are_not_late_by_the_end_of_its_inputs(kind):
     want = expected(pd.concat([first, held], ignore_index=True), truth, **_WINDOWS[kind])
     assert sorted(map(tuple, out[["key", "n", "total"]].values.tolist())) == \
         sorted(map(tuple, want[["key", "n", "total"]].values.tolist()))
+
+
+def test_a_held_group_of_a_join_or_a_process_waits_past_the_end_of_the_inputs():
+    """The same for the ``process`` store (no timer of a moving group fires at +inf: it fired
+    at the old owner before the rows the new owner held back were applied) and the interval
+    join store (the rows a held group keeps through +inf still match the rows the new owner
+    held back; its frozen watermark kept this so before ae7433f too); the instance's finish
+    (``end``) lets go."""
+    from streamlb._state._joins import JoinState
+    from streamlb._state._process import ProcessState
+    from streamlb.keygroups import assign_to_key_group
+
+    join = {"how": "left", "between": (0, 5 * S), "ttl": None, "key_names": ["id", "seller"],
+            "suffixes": ("_x", "_y")}
+    old, new = JoinState("j", join, GROUPS), JoinState("j", join, GROUPS)
+    person = pd.DataFrame({"id": [3], "name": ["p3"], "date_time": pd.to_datetime([1_000], unit="ms")})
+    bid = pd.DataFrame({"seller": [3], "price": [7], "date_time": pd.to_datetime([2_000], unit="ms")})
+    g = int(assign_to_key_group(np.array([3]), GROUPS)[0])
+    assert old.update(person, None, [1_000 * 10 ** 6], side=0) is None
+    old.hold(1, [g])
+    new.hold(1, [g])
+    assert old.advance(MAX_TIME) == [] and new.advance(MAX_TIME) == []     # every router ended
+    new.install(old.cut([g]))
+    assert not new.late(1, np.array([2_000 * 10 ** 6]), np.array([g])).any()
+    out = new.update(bid, None, [2_000 * 10 ** 6], side=1)
+    assert out[["id", "name", "price"]].values.tolist() == [[3, "p3", 7]]
+    new.unhold(1)
+    new.end()
+    assert new.advance(MAX_TIME) == [] and len(new) == 0       # matched: dropped, not emitted
+
+    proc = ProcessState("p", (None, None), "key", GROUPS, {"unit": None})
+    ctx = proc.context(3)
+    ctx.timer(pd.Timestamp(1_000, unit="ms"))
+    proc.settle(3, g, ctx)
+    proc.hold(1, [g])
+    assert proc.due(MAX_TIME) == []
+    proc.end()
+    assert proc.due(MAX_TIME) == [(1_000 * 10 ** 6, 3)]
