@@ -60,7 +60,10 @@ whose move outlasted its input is flagged, and a move still going when the insta
 finish fails (flagged too). Fluid moves in epochs of at most ``streamlb.migration.fluid-keys``
 keys (65,536): a smaller state moves in one epoch, as all-at-once does; ``--fluid-keys 1``
 moves ``fluid-step`` (4) key groups per epoch (and groups holding nothing with them), as
-Megaphone's fluid migration moves a bin at a time.
+Megaphone's fluid migration moves a bin at a time. ``--strategies ... fluid@1`` runs that
+as one more strategy beside ``fluid`` at the default, in the same sitting::
+
+    python asv_bench/nexmark_megaphone.py --strategies all-at-once fluid fluid@1 lazy pause batched
 """
 from __future__ import annotations
 
@@ -127,8 +130,33 @@ def _move_at(job, delay: float, query: str, strategy: str, box: dict) -> None:
     box["returned"] = time.time()
 
 
-def run(query: str, path: str, man: dict, rate: float, strategy: str, workers: int, batch: int, want) -> dict:
-    """One paced run of ``query`` with a move by ``strategy``: its figures."""
+def strategy_of(label: str) -> tuple[str, int | None]:
+    """``fluid@N`` is ``fluid`` with ``streamlb.migration.fluid-keys`` N (the moves are planned
+    in this process); any other label is a strategy at the settings in force."""
+    name, _, keys = label.partition("@")
+    return name, (int(keys) if keys else None)
+
+
+def _label(text: str) -> str:
+    from streamlb._migration._epochs import STRATEGIES as KNOWN
+
+    name, _, keys = text.partition("@")
+    if name not in KNOWN or (keys and (name != "fluid" or not keys.isdigit())):
+        raise argparse.ArgumentTypeError(f"{text!r}: a strategy of {', '.join(KNOWN)}, or fluid@N "
+                                         "(fluid with streamlb.migration.fluid-keys N, N a whole number)")
+    return text
+
+
+def run(query: str, path: str, man: dict, rate: float, label: str, workers: int, batch: int, want) -> dict:
+    """One paced run of ``query`` with a move by the strategy ``label`` names: its figures."""
+    import dask
+
+    strategy, keys = strategy_of(label)
+    with dask.config.set({} if keys is None else {"streamlb.migration.fluid-keys": keys}):
+        return _run(query, path, man, rate, strategy, workers, batch, want)
+
+
+def _run(query: str, path: str, man: dict, rate: float, strategy: str, workers: int, batch: int, want) -> dict:
     import streamlb
     from streamlb._cli_nexmark import build
     from streamlb.cli import _latencies
@@ -171,9 +199,9 @@ def run(query: str, path: str, man: dict, rate: float, strategy: str, workers: i
 
 def _table(runs: dict) -> str:
     """The figures of ``runs`` (strategy -> :func:`run`'s), a line each."""
-    lines = [f"{'strategy':<12} {'max ms':>9} {'p99 ms':>9} {'steady p99 ms':>14} {'move s':>7} {'epochs':>6}  exact"]
+    lines = [f"{'strategy':<14} {'max ms':>9} {'p99 ms':>9} {'steady p99 ms':>14} {'move s':>7} {'epochs':>6}  exact"]
     for s, r in runs.items():
-        lines.append(f"{s:<12} {r['max_ms']:>9,.1f} {r['p99_ms']:>9,.1f} {r['steady_p99_ms']:>14,.1f} "
+        lines.append(f"{s:<14} {r['max_ms']:>9,.1f} {r['p99_ms']:>9,.1f} {r['steady_p99_ms']:>14,.1f} "
                      f"{r['move_s']:>7.2f} {r['epochs']:>6}  {'yes' if r['exact'] else 'NO'}"
                      + (f"  (the move failed: {r['failed']})" if r["failed"]
                         else "  (the move outlasted the input)" if r["outlasted"] else ""))
@@ -221,7 +249,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=5_000_000, help="NEXMark events in the log (default 5M)")
     p.add_argument("--queries", nargs="+", default=list(MOVED), choices=list(MOVED))
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(KNOWN))
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), type=_label,
+                   help=f"of {', '.join(KNOWN)}, or fluid@N: fluid with streamlb.migration.fluid-keys N "
+                        f"(default {' '.join(STRATEGIES)})")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "images", "nexmark-megaphone.png"),
                    help="the PNG (default docs/images/nexmark-megaphone.png)")
     p.add_argument("--load", type=float, default=0.6, help="the rate, as a share of the capacity (default 0.6)")
