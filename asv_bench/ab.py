@@ -2,7 +2,8 @@
 ``streamlb`` of each (issue 27's "at the parent commit, measured in the same run").
 
 ``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
-(or ``--bench migration --strategy lazy [--batch N]`` for ``benchmarks.migration``)
+(or ``--bench migration --strategy lazy [--batch N]`` for ``benchmarks.migration``, or
+``--bench nexmark --query q12`` for ``benchmarks.nexmark``'s streamlb runs)
 checks each commit out in a worktree under the temporary directory (HEAD: the working tree
 itself when omitted), then per round runs ``python -m benchmarks.jobs`` once with each
 (``PYTHONPATH`` set to its tree; the job script is this tree's, using only the public
@@ -67,6 +68,23 @@ def migration(trees: dict, a) -> None:
               f"(rounds {', '.join(f'{x:.3f}' for x in v)})")
 
 
+def nexmark(trees: dict, a) -> None:
+    """``--bench nexmark``: one query's events/s (``benchmarks.nexmark``, one cluster per
+    process, a warm-up then ``--runs`` runs whose median is the round's figure), the commits
+    alternating; HEAD over BASE per round, and the median of those ratios."""
+    ratios = []
+    for r in range(a.rounds):
+        fig = {}
+        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+            got = runs(trees[name], ["--query", a.query, "--runs", a.runs], "benchmarks.nexmark")
+            fig[name] = statistics.median(x["events_per_second"] for x in got)
+            print(f"round {r + 1}/{a.rounds} {name}: {a.query} " + ", ".join(f"{x['seconds']:.3f} s" for x in got)
+                  + f"; median {fig[name]:,.0f} events/s", flush=True)
+        ratios.append(fig["head"] / fig["base"])
+    print(f"{a.query} events/s: head/base median {statistics.median(ratios):.3f} over {a.rounds} rounds "
+          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("base")
@@ -75,16 +93,21 @@ def main(argv=None) -> None:
     p.add_argument("--rows", default="5000000")
     p.add_argument("--rate", default=None)
     p.add_argument("--runs", default=None,
-                   help="runs per process, their median the round's figure (default 3 jobs; 1 migration)")
+                   help="runs per process, their median the round's figure (default 3 jobs and nexmark; 1 migration)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--bench", default="jobs", choices=["jobs", "migration"],
-                   help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration")
+    p.add_argument("--bench", default="jobs", choices=["jobs", "migration", "nexmark"],
+                   help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration; "
+                        "nexmark: benchmarks.nexmark (one query's events/s)")
+    p.add_argument("--query", default="q12", help="--bench nexmark: the query")
     p.add_argument("--strategy", default="lazy", help="--bench migration: the strategy")
     p.add_argument("--batch", default=None, help="--bench migration: the sources' rows per batch")
     a = p.parse_args(argv)
     if a.bench == "migration":
         a.runs = a.runs or "1"
         return migration({"base": tree(a.base), "head": tree(a.head)}, a)
+    if a.bench == "nexmark":
+        a.runs = a.runs or "3"
+        return nexmark({"base": tree(a.base), "head": tree(a.head)}, a)
     a.runs = a.runs or "3"
     job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
     trees = {"base": tree(a.base), "head": tree(a.head)}

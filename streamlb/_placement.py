@@ -5,6 +5,8 @@ to a running job with the same calls: create them, then wire the new ones.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Iterable
 
@@ -96,14 +98,31 @@ def hot_keys_for(balancer: str | None, options: dict | None) -> int:
     return 0
 
 
-def combine_for(st: Stage) -> tuple | None:
-    """What the routers into ``st`` sum per key before sending (``ExchangeSpec.combine``):
-    for a keyed aggregate without emulated cost, unless ``exchange.combine`` is off."""
-    from ._worker._combine import tables_for
+def combine_for(st: Stage):
+    """What the routers into ``st`` sum per key before sending (``ExchangeSpec.combine``),
+    unless ``exchange.combine`` is off: for a keyed aggregate without emulated cost, its
+    partial tables; for a tumbling or hopping window aggregate without a late stream, a
+    :class:`~streamlb._worker._combine.PaneCombine` (per key and pane)."""
+    from ._worker._combine import PaneCombine, tables_for
 
-    if st.kind != "aggregate" or st.exchange != "keyed" or st.cost is not None or not config.get("exchange.combine"):
+    if st.exchange != "keyed" or st.cost is not None or not config.get("exchange.combine"):
         return None
-    return tables_for(st.spec)
+    if st.kind == "aggregate":
+        return tables_for(st.spec)
+    w = st.window
+    if st.kind != "window" or st.join is not None or w["mode"] != "aggregate" or w["kind"] == "session" or st.late:
+        return None
+    return PaneCombine(tables_for(st.spec), w["column"], w["unit"], math.gcd(w["size"], w["slide"]))
+
+
+def rows_only(exchanges: dict) -> dict:
+    """``exchanges`` (:func:`exchange_specs`) with no combining per pane: for routers that
+    start after their job's windows have fired (a restored job's, or one added live),
+    whose watermark the windows may already be past (see ``Combiner.combine``)."""
+    from ._worker._combine import PaneCombine
+
+    return {k: dataclasses.replace(x, combine=None) if isinstance(x.combine, PaneCombine) else x
+            for k, x in exchanges.items()}
 
 
 def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0) -> dict:

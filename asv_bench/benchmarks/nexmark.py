@@ -259,3 +259,27 @@ class NexmarkSparkSS(_Nexmark):
         return r["streamlb"][query] / r["spark"][query]
 
     track_over_spark_structured_streaming.unit = "x Spark SS"
+
+
+def main(argv=None) -> None:
+    """``python -m benchmarks.nexmark --query q12 [--runs R]``: streamlb alone, one cluster,
+    a warm-up run then ``R`` timed ones (:func:`streamlb_seconds`), one JSON line each
+    (``asv_bench/ab.py --bench nexmark`` runs it with two commits alternating)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--query", default="q12", choices=QUERIES)
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args(argv)
+    path = dataset()
+    cl, client = cluster(CORES)
+    with cl, client:
+        streamlb_seconds(client, path, a.query)
+        for _ in range(a.runs):
+            s = streamlb_seconds(client, path, a.query)
+            print(json.dumps({"query": a.query, "seconds": s, "events_per_second": EVENTS / s}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

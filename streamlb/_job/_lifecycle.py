@@ -78,7 +78,10 @@ class Lifecycle:
             job.runs = dict.fromkeys(futures, run)
         job._futures = futures  # actors referenced only by actors would be collected
         job.actors = _placement.bound_actors(futures, job.client)
-        job.workers_of = _placement.wire(job.actors, job.plan.stages, job.tables, job.exchanges,
+        # a restored job's windows may be past what its sources' new watermarks say: its
+        # routers send rows into them as they are (see Combiner.combine)
+        exchanges = job.exchanges if restored is None else _placement.rows_only(job.exchanges)
+        job.workers_of = _placement.wire(job.actors, job.plan.stages, job.tables, exchanges,
                                          report=job.balancer is not None, runs=job.runs or None)
         if job.checkpointer is not None:
             cp = job.checkpointer

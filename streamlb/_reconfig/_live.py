@@ -143,9 +143,9 @@ class Reconfigurer:
     def _wire(self, keys) -> None:
         from .. import _placement
 
-        job = self.job
-        job.workers_of.update(_placement.wire(job.actors, job.plan.stages, self._tables(), job.exchanges,
-                                              report=job.balancer is not None, keys=keys, runs=job.runs))
+        job = self.job      # routers started live send rows into windows as they are (rows_only)
+        job.workers_of.update(_placement.wire(job.actors, job.plan.stages, self._tables(), _placement.rows_only(
+            job.exchanges), report=job.balancer is not None, keys=keys, runs=job.runs))
 
     def _siblings(self, st: Stage, exclude=()) -> None:
         from .. import _placement

@@ -22,6 +22,7 @@ import pandas as pd
 
 from .._time import from_ns
 from ._aggregate import AggregateState
+from ._partials import RECORDS, blob_of
 from ._stateful_map import _key_array
 from ._windows import Floor, WindowState, _floordiv
 
@@ -140,9 +141,15 @@ class PaneWindowState(PaneClock, WindowState):
 
     # -- data ---------------------------------------------------------------------------------
     def _apply(self, frame, keys, groups, times) -> None:
-        """Cut the batch by pane (sorted once, each pane a slice) and apply each part."""
+        """Cut the batch by pane (sorted once, each pane a slice) and apply each part; a
+        batch a router combined per key and pane is merged as partial aggregates."""
         self.mark_dirty(groups)
         panes = _floordiv(times, self.pane)
+        if RECORDS in frame.columns:
+            for p in np.unique(panes).tolist():
+                st, at = self._pane(p), np.flatnonzero(panes == p)
+                st.combine(blob_of(frame.take(at), groups[at], self.key_name, st.inputs, st.dtypes))
+            return
         first = self._pane(int(panes[0]))
         cols = first.columns_of(frame)
         if (panes == panes[0]).all():

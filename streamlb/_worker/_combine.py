@@ -1,6 +1,7 @@
 """Map-side combining: a keyed exchange into an ``aggregate`` sends each batch summed per
 key (Spark's partial aggregation before a shuffle, a combiner in MapReduce) rather than
-row by row.
+row by row; into a tumbling or hopping window ``aggregate``, summed per key and pane
+(:class:`PaneCombine`, Flink's local-global window aggregation).
 
 The router reduces a batch to one *combined row* per distinct key: the key, how many
 records it stands for (:data:`RECORDS`), and per input column the partial tables of the
@@ -13,26 +14,22 @@ key group moves, checkpoint barriers), so nothing there changes; what counts rec
 
 The router combines only when it helps and nothing else depends on rows: every input
 column numeric, no split keys in its table, no lazy epoch under way, no emulated cost, and
-at most half as many distinct keys as rows.
+at most half as many distinct keys as rows. Into a window, no combined row may be late (the
+late stream and the dead letters hold records): see :meth:`Combiner.combine`.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from .._state._index import factorize_sized
+from .._time import nulls, to_ns
+from ..exceptions import SchemaError
+from .._state._partials import PARTIAL, RECORDS, blob_of, records_of  # noqa: F401 (the format is used from here)
 
-RECORDS = "__streamlb_records__"        # records a combined row stands for
-PARTIAL = "__streamlb_{}__{}"           # a partial table of a column: .format(table, column)
 WORTH = 0.5                             # combine when distinct keys / rows is at most this
-
-
-def records_of(frame: pd.DataFrame) -> int:
-    """The records ``frame`` stands for: its rows, or the sum of a combined frame's
-    :data:`RECORDS`."""
-    if RECORDS in frame.columns:
-        return int(frame[RECORDS].to_numpy().sum())
-    return len(frame)
 
 
 def combined(frame: pd.DataFrame, keys: np.ndarray, key_name: str, hows: tuple) -> pd.DataFrame | None:
@@ -66,14 +63,25 @@ class Combiner:
 
     BACKOFF = 4
 
-    def __init__(self, key_name: str, hows: tuple) -> None:
-        self.key_name, self.hows = key_name, hows
+    def __init__(self, key_name: str, hows: tuple, panes: PaneCombine | None = None) -> None:
+        self.key_name, self.hows, self.panes = key_name, hows, panes
         self._distinct = 0          # distinct keys of the last hashed batch
         self._skip = 0              # batches still to pass row by row
         self._wait = self.BACKOFF   # the next miss's wait
 
-    def combine(self, frame: pd.DataFrame, keys: np.ndarray) -> pd.DataFrame | None:
-        """``frame`` combined per key, or None (see :func:`combined`)."""
+    @classmethod
+    def of(cls, key_name: str, spec) -> Combiner | None:
+        """The combiner ``ExchangeSpec.combine`` asks for: partial tables (into an
+        aggregate), a :class:`PaneCombine` (into a window), or None."""
+        if spec is None:
+            return None
+        return cls(key_name, spec.hows, spec) if isinstance(spec, PaneCombine) else cls(key_name, spec)
+
+    def combine(self, frame: pd.DataFrame, keys: np.ndarray, floor: int | None = None) -> pd.DataFrame | None:
+        """``frame`` combined per key (and pane, into a window), or None (see
+        :func:`combined`). ``floor``: into a window, the watermark this router sent last
+        (None: none, or not one the owners' can be trusted to stay within); only a batch
+        with every event time at or past it is combined, so no combined row is late."""
         if self._skip:
             self._skip -= 1
             return None
@@ -85,22 +93,32 @@ class Combiner:
             if arr.dtype.kind not in "iufb":
                 return None         # the owner cleans text that should be numbers
             cols_in[c] = arr
+        panes = None
+        if self.panes is not None and (panes := self.panes.of(frame, floor)) is None:
+            return None
         dense = _dense(keys)
-        pick = None                 # dense codes: the offsets in the range that occur
+        pick = None                 # codes that occur, where not all do
         if dense is None:
             codes, uniq = factorize_sized(keys, self._distinct)
             self._distinct = n = len(uniq)
         else:
             codes, n, lo = dense
+        first = None                # a row of each combined row's pane: its event time
+        if panes is not None:
+            codes, n, of_key, first = _by_pane(codes, n, panes)
         records = np.bincount(codes, minlength=n)
-        if dense is not None:
+        if dense is not None or panes is not None:
             pick = np.flatnonzero(records)
-            uniq = pick.astype(keys.dtype) + lo
-        if len(uniq) > WORTH * len(keys):
-            self._skip, self._wait = self._wait, min(2 * self._wait, 64)
-            return None
+            if len(pick) > WORTH * len(keys):
+                return self._missed()
+            at = pick if panes is None else of_key[pick]
+            uniq = at.astype(keys.dtype) + lo if dense is not None else uniq[at]
+        elif len(uniq) > WORTH * len(keys):
+            return self._missed()
         self._wait = self.BACKOFF
         out = {self.key_name: uniq, RECORDS: records if pick is None else records[pick]}
+        if first is not None:
+            out[self.panes.column] = frame[self.panes.column].take(first[pick]).reset_index(drop=True)
         for c, tables in self.hows:
             arr = cols_in[c]
             cc, counted = codes, records         # counted: non-null values per code
@@ -114,6 +132,58 @@ class Combiner:
                 got = counted if t == "cnt" and counted is not None else _reduce(t, cc, arr, n)
                 out[PARTIAL.format(t, c)] = got if pick is None else got[pick]
         return pd.DataFrame(out)
+
+    def _missed(self) -> None:
+        """Combining did not pay: the next batches go row by row unseen."""
+        self._skip, self._wait = self._wait, min(2 * self._wait, 64)
+        return None
+
+
+@dataclass(frozen=True)
+class PaneCombine:
+    """``ExchangeSpec.combine`` into a tumbling or hopping window ``aggregate``: its partial
+    tables (``hows``, as for an aggregate), its event-time column and unit, and its pane
+    (``gcd(size, slide)``, ns). Rows are combined per key and pane; a combined row carries
+    the event time of one of its rows, which falls in the same pane and so in the same
+    windows."""
+
+    hows: tuple
+    column: str
+    unit: str | None
+    pane: int
+
+    def of(self, frame: pd.DataFrame, floor: int | None) -> np.ndarray | None:
+        """Each row's pane (its start, ns), or None where the batch is not combined: no
+        floor, an event time missing, null, of a type the owner refuses, or behind
+        ``floor``."""
+        col = frame.get(self.column)
+        if floor is None or col is None or nulls(col) is not None:
+            return None
+        try:
+            times = to_ns(col, self.unit, "")
+        except SchemaError:
+            return None             # the owner names the column and the valid types
+        if not len(times) or times.min() < floor:
+            return None
+        return (times // self.pane) * self.pane
+
+
+def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray) -> tuple:
+    """Key codes (``0..n-1``) made codes of (key, pane): ``(codes, how many, the key code
+    of each, a row of each)``."""
+    if (panes == panes[0]).all():
+        return codes, n, np.arange(n), _first_rows(codes, n)
+    starts, at = np.unique(panes, return_inverse=True)
+    k = len(starts)
+    codes = codes * k + at.reshape(-1)
+    return codes, n * k, np.arange(n * k) // k, _first_rows(codes, n * k)
+
+
+def _first_rows(codes: np.ndarray, n: int) -> np.ndarray:
+    """The first row of each code (codes that occur)."""
+    first = np.zeros(n, np.intp)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return first
 
 
 def _dense(keys: np.ndarray) -> tuple | None:
@@ -143,23 +213,6 @@ def _reduce(table: str, codes: np.ndarray, arr: np.ndarray, n: int) -> np.ndarra
     out = np.full(n, big if table == "min" else -big, arr.dtype)
     (np.minimum if table == "min" else np.maximum).at(out, codes, arr)
     return out
-
-
-def blob_of(frame: pd.DataFrame, groups: np.ndarray, key_name: str, inputs: list, held: dict) -> dict:
-    """Combined rows as the blob ``AggregateState.combine`` merges (``held``: the store's
-    dtypes; a column seen only counted so far is held as int64)."""
-    tables, dtypes = {}, {}
-    for c in inputs:
-        for t in ("cnt", "sum", "min", "max"):
-            name = PARTIAL.format(t, c)
-            if name in frame.columns:
-                vals = frame[name].to_numpy()
-                tables[(t, c)] = vals
-                if t != "cnt":
-                    dtypes[c] = np.dtype(np.float64) if vals.dtype.kind == "f" else np.dtype(np.int64)
-        dtypes.setdefault(c, held.get(c, np.dtype(np.int64)))
-    part = {"keys": frame[key_name].to_numpy(), "key_groups": np.asarray(groups, np.int64), "tables": tables}
-    return {"dtypes": dtypes, "parts": [part] if len(frame) else []}
 
 
 def tables_for(spec: dict) -> tuple:

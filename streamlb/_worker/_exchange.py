@@ -162,7 +162,9 @@ class KeyedRouter(_Exchange):
         self.prefetch: Prefetch | None = None
         self.spread_at: dict = {}                      # rows sent per split key and instance
         self.hot = SpaceSaving(spec.hot_keys) if spec.hot_keys else None
-        self.combiner = Combiner(spec.key_name, spec.combine) if spec.combine is not None else None
+        self.combiner = Combiner.of(spec.key_name, spec.combine)
+        self.floor: int | None = None                  # into a window: see Combiner.combine
+        self.floor_lost = False
         self.counts = np.zeros(self.key_groups, np.int64) if spec.balanced else None
         self.routed: np.ndarray | None = None          # records sent per instance, once any
 
@@ -197,6 +199,14 @@ class KeyedRouter(_Exchange):
             return False
         now, new = old.split_map(), table.split_map()
         return all(set(h) <= set(new.get(k, ())) for k, h in now.items())
+
+    async def watermark(self, wm: Watermark) -> None:
+        """As for any exchange; into a window, ``wm`` is the floor of the batches that
+        follow (see ``Combiner.combine``). An idle watermark lets the owners go past this
+        router's: no floor from then on."""
+        await super().watermark(wm)
+        self.floor_lost = self.floor_lost or wm.idle
+        self.floor = None if self.floor_lost else int(wm.time)
 
     def forget(self, epoch: int) -> None:
         if self.prefetch is not None and self.prefetch.epoch == epoch:
@@ -253,7 +263,7 @@ class KeyedRouter(_Exchange):
         if self.hot is not None:
             self.hot.add(keys)
         if self.combiner is not None and not table.splits and self.prefetch is None:
-            c = self.combiner.combine(x, keys)
+            c = self.combiner.combine(x, keys, self.floor)
             if c is not None:
                 x, keys, weights = c, c[self.spec.key_name].to_numpy(), c[RECORDS].to_numpy()
         groups = assign_to_key_group(keys, self.key_groups, name=self.spec.key_name, dtype=self.group_dtype)

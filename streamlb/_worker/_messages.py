@@ -169,7 +169,7 @@ class ExchangeSpec:
     a function) and the name of its column, the operator's name; ``balanced``: a balancer
     watches it (routers count records per key group); ``shuffle``: the round-robin policy;
     ``hot_keys``: counters of the heavy-hitter sketch (0: none); ``combine``: the router sums
-    each batch per key first (``streamlb._worker._combine``)."""
+    each batch per key (and pane, into a window) first (``streamlb._worker._combine``)."""
 
     kind: str
     name: str
@@ -178,7 +178,7 @@ class ExchangeSpec:
     balanced: bool = False
     shuffle: dict | None = field(default=None, hash=False)
     hot_keys: int = 0
-    combine: tuple | None = None        # into an aggregate: its partial tables (see _combine)
+    combine: Any = None                 # partial tables into an aggregate, a PaneCombine into a window
 
     @property
     def keyed(self) -> bool:

@@ -1,0 +1,40 @@
+"""The row format of partial aggregates: what a router's map-side combining sends
+(:mod:`streamlb._worker._combine`) and what the keyed aggregate and the window panes merge.
+
+A *combined row* stands for the records of one key (of one pane, into a window) that a
+router summed: the key, how many records it stands for (:data:`RECORDS`), and per input
+column the partial tables :data:`PARTIAL` names (the count of non-null values, and the
+sum, minimum and maximum where the operator needs them).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+RECORDS = "__streamlb_records__"        # records a combined row stands for
+PARTIAL = "__streamlb_{}__{}"           # a partial table of a column: .format(table, column)
+
+
+def records_of(frame: pd.DataFrame) -> int:
+    """The records ``frame`` stands for: its rows, or the sum of a combined frame's
+    :data:`RECORDS`."""
+    if RECORDS in frame.columns:
+        return int(frame[RECORDS].to_numpy().sum())
+    return len(frame)
+
+
+def blob_of(frame: pd.DataFrame, groups: np.ndarray, key_name: str, inputs: list, held: dict) -> dict:
+    """Combined rows as the blob ``AggregateState.combine`` merges (``held``: the store's
+    dtypes; a column seen only counted so far is held as int64)."""
+    tables, dtypes = {}, {}
+    for c in inputs:
+        for t in ("cnt", "sum", "min", "max"):
+            name = PARTIAL.format(t, c)
+            if name in frame.columns:
+                vals = frame[name].to_numpy()
+                tables[(t, c)] = vals
+                if t != "cnt":
+                    dtypes[c] = np.dtype(np.float64) if vals.dtype.kind == "f" else np.dtype(np.int64)
+        dtypes.setdefault(c, held.get(c, np.dtype(np.int64)))
+    part = {"keys": frame[key_name].to_numpy(), "key_groups": np.asarray(groups, np.int64), "tables": tables}
+    return {"dtypes": dtypes, "parts": [part] if len(frame) else []}
