@@ -118,7 +118,7 @@ class Combiner:
         self._wait = self.BACKOFF
         out = {self.key_name: uniq, RECORDS: records if pick is None else records[pick]}
         if first is not None:
-            out[self.panes.column] = frame[self.panes.column].take(first[pick]).reset_index(drop=True)
+            out[self.panes.column] = _take(frame[self.panes.column], first[pick])
         for c, tables in self.hows:
             arr = cols_in[c]
             cc, counted = codes, records         # counted: non-null values per code
@@ -131,7 +131,7 @@ class Combiner:
             for t in tables:
                 got = counted if t == "cnt" and counted is not None else _reduce(t, cc, arr, n)
                 out[PARTIAL.format(t, c)] = got if pick is None else got[pick]
-        return pd.DataFrame(out)
+        return pd.DataFrame(out, copy=False)
 
     def _missed(self) -> None:
         """Combining did not pay: the next batches go row by row unseen."""
@@ -171,12 +171,19 @@ class PaneCombine:
 def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray) -> tuple:
     """Key codes (``0..n-1``) made codes of (key, pane): ``(codes, how many, the key code
     of each, a row of each)``."""
-    if (panes == panes[0]).all():
-        return codes, n, np.arange(n), _first_rows(codes, n)
+    if (panes == panes[0]).all():       # one pane: any row's time will do, the first's
+        return codes, n, np.arange(n), np.zeros(n, np.intp)
     starts, at = np.unique(panes, return_inverse=True)
     k = len(starts)
     codes = codes * k + at.reshape(-1)
     return codes, n * k, np.arange(n * k) // k, _first_rows(codes, n * k)
+
+
+def _take(col: pd.Series, rows: np.ndarray):
+    """``col``'s values at ``rows``, in its type (numpy where it is numpy)."""
+    if isinstance(col.dtype, np.dtype):
+        return col.to_numpy()[rows]
+    return col.take(rows).reset_index(drop=True)
 
 
 def _first_rows(codes: np.ndarray, n: int) -> np.ndarray:
