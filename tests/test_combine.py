@@ -171,7 +171,8 @@ def _timed(n: int, seed: int, disorder: float = 2.0) -> pd.DataFrame:
 def test_rows_into_a_window_are_combined_per_key_and_pane_at_or_past_the_floor():
     from streamlb._worker._combine import PaneCombine
 
-    df = _timed(20_000, seed=4)
+    whole = _timed(60_000, seed=4)
+    df = whole[whole.event_time < whole.event_time.min() + pd.Timedelta("20s")]    # 10-11 panes
     ns = df.event_time.to_numpy().astype("datetime64[ns]").view(np.int64)
     panes = PaneCombine(tables_for(W_SPEC), "event_time", None, 2 * S)
     comb = Combiner("key", panes.hows, panes)
@@ -182,11 +183,12 @@ def test_rows_into_a_window_are_combined_per_key_and_pane_at_or_past_the_floor()
     assert records_of(got) == len(df) and len(got) == len(want)
     assert (got[RECORDS].to_numpy() == want["count"].to_numpy()).all()
     assert (got["__streamlb_sum__value"].to_numpy() == want["sum"].to_numpy()).all()
-    # not combined: no floor yet, a row behind it, an event time missing
+    # not combined: no floor yet, a row behind it, an event time missing, too many panes
     assert comb.combine(df, df.key.to_numpy(), floor=None) is None
     assert comb.combine(df, df.key.to_numpy(), floor=int(ns.min()) + 1) is None
     bad = df.assign(event_time=df.event_time.where(df.index != 7))
     assert comb.combine(bad, bad.key.to_numpy(), floor=int(ns.min())) is None
+    assert comb.combine(whole, whole.key.to_numpy(), floor=int(ns.min())) is None      # over 16 panes
 
 
 @pytest.mark.parametrize("kind", list(PANES))

@@ -26,6 +26,19 @@ def records_of(frame: pd.DataFrame) -> int:
 def blob_of(frame: pd.DataFrame, groups: np.ndarray, key_name: str, inputs: list, held: dict) -> dict:
     """Combined rows as the blob ``AggregateState.combine`` merges (``held``: the store's
     dtypes; a column seen only counted so far is held as int64)."""
+    return blob_part(*partials_of(frame, inputs, held), frame[key_name].to_numpy(), groups)
+
+
+def blob_part(tables: dict, dtypes: dict, keys: np.ndarray, groups: np.ndarray, at=slice(None)) -> dict:
+    """The blob of the combined rows ``at`` of :func:`partials_of`'s ``tables``."""
+    part = {"keys": keys[at], "key_groups": np.asarray(groups, np.int64)[at],
+            "tables": {k: v[at] for k, v in tables.items()}}
+    return {"dtypes": dtypes, "parts": [part] if len(part["keys"]) else []}
+
+
+def partials_of(frame: pd.DataFrame, inputs: list, held: dict) -> tuple[dict, dict]:
+    """``(tables, dtypes)``: the partial tables of combined rows per ``(table, column)``,
+    and the dtype each column is held in."""
     tables, dtypes = {}, {}
     for c in inputs:
         for t in ("cnt", "sum", "min", "max"):
@@ -36,5 +49,4 @@ def blob_of(frame: pd.DataFrame, groups: np.ndarray, key_name: str, inputs: list
                 if t != "cnt":
                     dtypes[c] = np.dtype(np.float64) if vals.dtype.kind == "f" else np.dtype(np.int64)
         dtypes.setdefault(c, held.get(c, np.dtype(np.int64)))
-    part = {"keys": frame[key_name].to_numpy(), "key_groups": np.asarray(groups, np.int64), "tables": tables}
-    return {"dtypes": dtypes, "parts": [part] if len(frame) else []}
+    return tables, dtypes

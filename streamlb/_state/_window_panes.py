@@ -22,7 +22,7 @@ import pandas as pd
 
 from .._time import from_ns
 from ._aggregate import AggregateState
-from ._partials import RECORDS, blob_of
+from ._partials import RECORDS, blob_part, partials_of
 from ._stateful_map import _key_array
 from ._windows import Floor, WindowState, _floordiv
 
@@ -146,9 +146,13 @@ class PaneWindowState(PaneClock, WindowState):
         self.mark_dirty(groups)
         panes = _floordiv(times, self.pane)
         if RECORDS in frame.columns:
-            for p in np.unique(panes).tolist():
-                st, at = self._pane(p), np.flatnonzero(panes == p)
-                st.combine(blob_of(frame.take(at), groups[at], self.key_name, st.inputs, st.dtypes))
+            first = self._pane(int(panes[0]))
+            tables, dtypes = partials_of(frame, first.inputs, first.dtypes)
+            order = np.argsort(panes, kind="stable")
+            p_sorted = panes[order]
+            cuts = np.flatnonzero(np.diff(p_sorted)) + 1
+            for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(order)])).tolist()):
+                self._pane(int(p_sorted[a])).combine(blob_part(tables, dtypes, keys, groups, order[a:b]))
             return
         first = self._pane(int(panes[0]))
         cols = first.columns_of(frame)

@@ -30,6 +30,7 @@ from ..exceptions import SchemaError
 from .._state._partials import PARTIAL, RECORDS, blob_of, records_of  # noqa: F401 (the format is used from here)
 
 WORTH = 0.5                             # combine when distinct keys / rows is at most this
+PANES = 16                              # into a window: a batch over more panes goes as rows
 
 
 def combined(frame: pd.DataFrame, keys: np.ndarray, key_name: str, hows: tuple) -> pd.DataFrame | None:
@@ -105,7 +106,9 @@ class Combiner:
             codes, n, lo = dense
         first = None                # a row of each combined row's pane: its event time
         if panes is not None:
-            codes, n, of_key, first = _by_pane(codes, n, panes)
+            if (by := _by_pane(codes, n, panes, self.panes.pane)) is None:
+                return None
+            codes, n, of_key, first = by
         records = np.bincount(codes, minlength=n)
         if dense is not None or panes is not None:
             pick = np.flatnonzero(records)
@@ -168,15 +171,18 @@ class PaneCombine:
         return (times // self.pane) * self.pane
 
 
-def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray) -> tuple:
+def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray, pane: int) -> tuple:
     """Key codes (``0..n-1``) made codes of (key, pane): ``(codes, how many, the key code
-    of each, a row of each)``."""
-    if (panes == panes[0]).all():       # one pane: any row's time will do, the first's
+    of each, a row of each)``; any row of a pane will do for its time."""
+    lo = panes.min()
+    at = ((panes - lo) // pane).astype(np.intp, copy=False)
+    k = int(at.max()) + 1
+    if k > PANES:
+        return None
+    if k == 1:
         return codes, n, np.arange(n), np.zeros(n, np.intp)
-    starts, at = np.unique(panes, return_inverse=True)
-    k = len(starts)
-    codes = codes * k + at.reshape(-1)
-    return codes, n * k, np.arange(n * k) // k, _first_rows(codes, n * k)
+    row = np.array([int(np.argmax(at == j)) for j in range(k)], np.intp)     # a row of each pane
+    return codes * k + at, n * k, np.arange(n * k) // k, np.tile(row, n)
 
 
 def _take(col: pd.Series, rows: np.ndarray):
@@ -184,13 +190,6 @@ def _take(col: pd.Series, rows: np.ndarray):
     if isinstance(col.dtype, np.dtype):
         return col.to_numpy()[rows]
     return col.take(rows).reset_index(drop=True)
-
-
-def _first_rows(codes: np.ndarray, n: int) -> np.ndarray:
-    """The first row of each code (codes that occur)."""
-    first = np.zeros(n, np.intp)
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-    return first
 
 
 def _dense(keys: np.ndarray) -> tuple | None:
