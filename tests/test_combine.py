@@ -271,3 +271,33 @@ def test_a_combined_window_job_is_exact_across_a_live_rescale_and_migration(two_
     check(emitted(out), expected(df, "hopping", **PANES["hopping"][1]))
     assert metrics[metrics.operator == "w"]["records"].sum() == len(df)
     assert sum(two_workers.run(_count_hashed_rows, False).values()) < len(df) // 2     # it did combine
+
+
+def test_late_records_reach_the_dead_letters_as_records_while_the_rest_is_combined(two_workers, tmp_path):
+    """No watermark delay: the second half of the minute has records behind the watermark.
+    The batches holding one go as rows, so each late record is in the dead letters as
+    itself; the first half's batches are combined; the windows equal pandas over the
+    records that were not late."""
+    from windowing import check, emitted, expected
+
+    df = _timed(120_000, seed=8, disorder=0.0)
+    t = df.event_time.to_numpy().astype("datetime64[ns]").view(np.int64)
+    rng = np.random.default_rng(9)
+    late = (t >= np.median(t)) & (rng.random(len(df)) < 0.1)        # 10% of the second half
+    df = df.assign(event_time=df.event_time.where(~late, df.event_time - pd.Timedelta("2s")))
+    path = tmp_path / "in"
+    path.mkdir()
+    for i in range(2):
+        df.iloc[i::2].to_parquet(path / f"part-{i}.parquet")
+    src = Stream.from_parquet(str(path), batch_size=3_000).with_watermark("event_time")
+    out: list = []
+    src.key_by("key").window(size="10s").aggregate(W_SPEC, name="w").sink(out.append)
+    two_workers.run(_count_hashed_rows, True)
+    with streamlb.run(src, client=two_workers, balancer="static") as job:
+        job.wait(timeout=120)
+        dead = job.dead_letters()
+    assert len(dead) and (dead.reason == "late").all()
+    lf = pd.DataFrame(list(dead.record))
+    assert list(lf.columns[:3]) == ["key", "value", "event_time"] and RECORDS not in lf.columns
+    check(emitted(out), expected(df, "tumbling", lf, **PANES["tumbling"][1]))
+    assert sum(two_workers.run(_count_hashed_rows, False).values()) < len(df) * 3 // 4     # the first half combined
