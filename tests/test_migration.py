@@ -342,7 +342,9 @@ def test_state_in_rocksdb_is_exact_under_each_strategy_and_a_rescale(two_workers
     for whatever it decides, and the operator rescales (3 -> 2 -> 3) while the stream runs."""
     import os
 
-    src = Stream.from_parquet(zipf_path, batch_size=10_000, rate=100_000)
+    # 5 s of stream: batched moves in rounds, and on a slow day its three reconfigurations
+    # outlasted 3 s of it (an instance done before the last epoch)
+    src = Stream.from_parquet(zipf_path, batch_size=10_000, rate=60_000)
     totals = src.key_by("key").aggregate(AGG, parallelism=3, name="totals").sink_to_list()
     with dask.config.set({"streamlb.state.dir": str(tmp_path)}), \
             streamlb.run(src, client=two_workers, key_groups=G, balancer="autoflow", migration=strategy, window=0.2,
