@@ -104,24 +104,24 @@ class Combiner:
             self._distinct = n = len(uniq)
         else:
             codes, n, lo = dense
-        first = None                # a row of each combined row's pane: its event time
+        k, rows = 1, None           # panes in the batch, a row of each (its event time)
         if panes is not None:
             if (by := _by_pane(codes, n, panes, self.panes.pane)) is None:
                 return None
-            codes, n, of_key, first = by
+            codes, n, k, rows = by
         records = np.bincount(codes, minlength=n)
         if dense is not None or panes is not None:
             pick = np.flatnonzero(records)
             if len(pick) > WORTH * len(keys):
                 return self._missed()
-            at = pick if panes is None else of_key[pick]
+            at = pick // k              # the key code of each (key, pane) code
             uniq = at.astype(keys.dtype) + lo if dense is not None else uniq[at]
         elif len(uniq) > WORTH * len(keys):
             return self._missed()
         self._wait = self.BACKOFF
         out = {self.key_name: uniq, RECORDS: records if pick is None else records[pick]}
-        if first is not None:
-            out[self.panes.column] = _take(frame[self.panes.column], first[pick])
+        if rows is not None:
+            out[self.panes.column] = _take(frame[self.panes.column], rows[pick % k])
         for c, tables in self.hows:
             arr = cols_in[c]
             cc, counted = codes, records         # counted: non-null values per code
@@ -172,17 +172,17 @@ class PaneCombine:
 
 
 def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray, pane: int) -> tuple:
-    """Key codes (``0..n-1``) made codes of (key, pane): ``(codes, how many, the key code
-    of each, a row of each)``; any row of a pane will do for its time."""
+    """Key codes (``0..n-1``) made codes of (key, pane), ``key * k + pane``: ``(codes, how
+    many, k, a row of each pane)``; any row of a pane will do for its time."""
     lo = panes.min()
     at = ((panes - lo) // pane).astype(np.intp, copy=False)
     k = int(at.max()) + 1
     if k > PANES:
         return None
     if k == 1:
-        return codes, n, np.arange(n), np.zeros(n, np.intp)
+        return codes, n, 1, np.zeros(1, np.intp)
     row = np.array([int(np.argmax(at == j)) for j in range(k)], np.intp)     # a row of each pane
-    return codes * k + at, n * k, np.arange(n * k) // k, np.tile(row, n)
+    return codes * k + at, n * k, k, row
 
 
 def _take(col: pd.Series, rows: np.ndarray):

@@ -163,8 +163,7 @@ class KeyedRouter(_Exchange):
         self.spread_at: dict = {}                      # rows sent per split key and instance
         self.hot = SpaceSaving(spec.hot_keys) if spec.hot_keys else None
         self.combiner = Combiner.of(spec.key_name, spec.combine)
-        self.floor: int | None = None                  # into a window: see Combiner.combine
-        self.floor_lost = False
+        self.floor_lost = False                        # into a window: see watermark()
         self.counts = np.zeros(self.key_groups, np.int64) if spec.balanced else None
         self.routed: np.ndarray | None = None          # records sent per instance, once any
 
@@ -206,7 +205,12 @@ class KeyedRouter(_Exchange):
         router's: no floor from then on."""
         await super().watermark(wm)
         self.floor_lost = self.floor_lost or wm.idle
-        self.floor = None if self.floor_lost else int(wm.time)
+
+    @property
+    def floor(self) -> int | None:
+        """The watermark sent last, unless there is none or an idle one went out."""
+        wm = self.last_watermark
+        return None if wm is None or self.floor_lost else int(wm.time)
 
     def forget(self, epoch: int) -> None:
         if self.prefetch is not None and self.prefetch.epoch == epoch:
