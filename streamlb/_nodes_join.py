@@ -118,24 +118,39 @@ class process(_Described):
     it must be picklable), ``ctx.watermark`` the operator's watermark, ``ctx.cancel(time)``
     drops a timer. State and timers live in key groups: they move, split-free, with them.
 
+    With ``batch=True`` both are called once per batch instead, vectorised:
+    ``func(rows, state, ctx)`` with the whole batch and ``state``, a DataFrame indexed by key
+    holding the state rows of the batch's keys that have one; ``on_timer(due, state, ctx)``
+    with every timer the watermark passed (columns: the key, ``time``) and their keys'
+    state. ``ctx.put(frame)`` sets keys' state columns, ``ctx.forget(keys)`` drops it,
+    ``ctx.timer(keys, times)`` and ``ctx.cancel(keys, times)`` set and drop timers, for the
+    keys of the call (``ctx.keys``); both return a DataFrame or None (docs/joins.md).
+
     Parameters
     ----------
     func : callable
-        ``func(key, rows: DataFrame, ctx) -> DataFrame | dict | None``.
+        ``func(key, rows: DataFrame, ctx) -> DataFrame | dict | None``; with ``batch=True``,
+        ``func(rows: DataFrame, state: DataFrame, ctx) -> DataFrame | None``.
     on_timer : callable, optional
-        ``on_timer(key, time: Timestamp, ctx) -> DataFrame | dict | None``.
+        ``on_timer(key, time: Timestamp, ctx) -> DataFrame | dict | None``; with
+        ``batch=True``, ``on_timer(due: DataFrame, state: DataFrame, ctx) -> DataFrame | None``.
     parallelism : int, optional
         Instances.
     name : str, optional
         Operator name (default ``"process"``).
+    batch : bool, default False
+        Call the functions once per batch, with a table of state (above), not once per key.
     """
 
-    def __init__(self, upstream, func, on_timer=None, parallelism=None, name=None, **kwargs):
+    def __init__(self, upstream, func, on_timer=None, parallelism=None, name=None, batch=False, **kwargs):
         _keyed(upstream, "process")
         for what, f in (("func", func), ("on_timer", on_timer)):
             if f is not None and not callable(f) or what == "func" and f is None:
                 raise PipelineError(f"process: {what} must be callable, got {f!r}")
         _check_parallelism(parallelism, "process")
         _check_name(name, "process")
+        if not isinstance(batch, bool):
+            raise PipelineError(f"process: batch must be True or False, got {batch!r}")
         self.func, self.on_timer, self.parallelism, self.op_name, self.cost = func, on_timer, parallelism, name, None
+        self.batch = batch
         super().__init__(upstream, **kwargs)

@@ -457,7 +457,7 @@ class _Planner:
         )
         if kind == "process":
             st.func = (func, _ship(op.on_timer, name) if op.on_timer is not None else None)
-            st.process = {}
+            st.process = {"batch": op.batch}
         self.memo[id(op)] = st
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)

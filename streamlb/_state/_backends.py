@@ -97,6 +97,8 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
         return JoinState(stage.name, stage.join, key_groups, where=Where(stage.name, where) if where else None)
     if stage.kind == "process":
         from ._process import ProcessState
+        from ._process_table import TableState
 
-        return ProcessState(stage.name, stage.func, stage.key_name, key_groups, stage.process)
+        store = TableState if stage.process.get("batch") else ProcessState      # process(batch=True): a table
+        return store(stage.name, stage.func, stage.key_name, key_groups, stage.process)
     return None

@@ -73,21 +73,24 @@ def _bid_in_time(joined):
     return (joined.date_time_y >= joined.date_time_x) & (joined.date_time_y <= joined.expires)
 
 
-def _highest(key, rows, ctx):
-    """Per auction: the highest bid so far; the auction closes at its ``expires``."""
-    top = float(rows["price"].to_numpy().max())
-    if ctx.state is None:
-        expires = rows["expires"].iat[0]
-        ctx.state = {"final": top, "category": int(rows["category"].iat[0]), "seller": int(rows["seller"].iat[0]),
-                     "expires": expires}
-        ctx.timer(expires)
-    else:
-        ctx.state["final"] = max(ctx.state["final"], top)
+def _highest(rows, state, ctx):
+    """Per auction (vectorised over the batch): the highest bid so far; an auction seen for
+    the first time keeps its category, seller and expires, and closes at its ``expires``."""
+    by = rows.groupby("id", sort=False)
+    top = by["price"].max().astype(np.float64)
+    new = ~top.index.isin(state.index)
+    if new.any():
+        fresh = by[["category", "seller", "expires"]].first()[new]
+        ctx.put(fresh)
+        ctx.timer(fresh.index, fresh["expires"])
+    if "final" in state:
+        top = np.fmax(top, state["final"].reindex(top.index))
+    ctx.put(top.to_frame("final"))
 
 
-def _close(key, when, ctx):
-    st, ctx.state = ctx.state, None
-    return {"category": st["category"], "seller": st["seller"], "final": st["final"], "expires": st["expires"]}
+def _close(due, state, ctx):
+    ctx.forget(state.index)
+    return state.reset_index()[["id", "category", "seller", "final", "expires"]]
 
 
 def closed_auctions(auction, bid):
@@ -97,7 +100,7 @@ def closed_auctions(auction, bid):
     b = _timed(bid, ["auction", "price", "date_time"])
     pairs = a.key_by("id").join(b.key_by("auction"), between=("0s", MAX_AUCTION), where=_bid_in_time,
                                 name="closing_join")
-    return pairs.key_by("id").process(_highest, on_timer=_close, name="closing")
+    return pairs.key_by("id").process(_highest, on_timer=_close, name="closing", batch=True)
 
 
 def _avg(df):
@@ -112,31 +115,42 @@ def q4(person, auction, bid):
                                                name="q4_avg").map(_avg)
 
 
-def _seller_rows(key, rows, ctx):
+def _seller_rows(rows, state, ctx):
     """Closed auctions of a seller wait until the watermark passes their ``expires``: then
     they count in (expires, id) order, whichever instance closed them."""
-    st = ctx.state or {"waiting": [], "last": []}
-    for r in rows.itertuples(index=False):
-        st["waiting"].append((r.expires, r.id, float(r.final)))
-        ctx.timer(r.expires)
-    ctx.state = st
+    arrived: dict = {}
+    for s, e, i, f in zip(rows["seller"].tolist(), rows["expires"].tolist(), rows["id"].tolist(),
+                          rows["final"].tolist()):
+        arrived.setdefault(s, []).append((e, i, float(f)))
+    sellers = list(arrived)
+    before = state["waiting"].reindex(sellers).tolist() if "waiting" in state else [None] * len(sellers)
+    ctx.put(pd.DataFrame({"waiting": [(b if isinstance(b, tuple) else ()) + tuple(arrived[s])
+                                      for s, b in zip(sellers, before)]},
+                         index=sellers))
+    ctx.timer(rows["seller"], rows["expires"])
 
 
-def _seller_avg(key, when, ctx):
-    st = ctx.state
-    due = sorted(w for w in st["waiting"] if w[0] <= when)
-    if not due:
+def _seller_avg(due, state, ctx):
+    when = due.groupby("seller", sort=False)["time"].max()
+    lasts = state["last"].tolist() if "last" in state else [None] * len(state)
+    sellers, waiting, last = [], [], []
+    for s, w, t, held in zip(state.index.tolist(), state["waiting"].tolist(), when.reindex(state.index).tolist(),
+                             lasts):
+        now = sorted(x for x in w if x[0] <= t)
+        if now:
+            sellers.append(s)
+            waiting.append(tuple(x for x in w if x[0] > t))
+            last.append(((held if isinstance(held, tuple) else ()) + tuple(x[2] for x in now))[-10:])
+    if not sellers:
         return None
-    st["waiting"] = [w for w in st["waiting"] if w[0] > when]
-    st["last"] = (st["last"] + [w[2] for w in due])[-10:]
-    ctx.state = st
-    return {"avg_price": float(np.mean(st["last"]))}
+    ctx.put(pd.DataFrame({"waiting": waiting, "last": last}, index=sellers))
+    return pd.DataFrame({"seller": sellers, "avg_price": [float(np.mean(x)) for x in last]})
 
 
 def q6(person, auction, bid):
     """Average selling price of each seller's last 10 closed auctions (an update stream)."""
     closed = closed_auctions(auction, bid)
-    return closed.key_by("seller").process(_seller_rows, on_timer=_seller_avg, name="q6_avg")
+    return closed.key_by("seller").process(_seller_rows, on_timer=_seller_avg, name="q6_avg", batch=True)
 
 
 # -- q5, q7: the top of each window -----------------------------------------------------------
