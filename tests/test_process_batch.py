@@ -49,6 +49,9 @@ def test_state_columns_put_view_and_forget():
     assert row.n.tolist() == [7.0] and row.name.tolist() == [None]
     st.forget(np.array([5, 4]))
     assert len(st) == 3 and st.view(np.array([5])).empty
+    st.put(np.array([5]), _g([5]), {"n": np.array([8.0])})     # forgotten, then new again
+    assert st.view(np.array([5])).name.tolist() == [None]
+    st.forget(np.array([5]))
     assert sorted(st.frame().index) == [3, 7, 9] and st.frame().timers.tolist() == [0, 0, 0]
     assert st.contains(np.array([3, 5, 4])).tolist() == [True, False, False]
 

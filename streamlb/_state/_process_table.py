@@ -111,14 +111,16 @@ class TableState(KeyDict, StateStore):
         for c in list(self.cols):
             if len(self.cols[c]) < n:
                 self.cols[c] = _grow(self.cols[c], n, _FILL.get(self.cols[c].dtype.kind, 0))
+        fresh = slots[~self.live[slots]]
+        for c, col in self.cols.items():
+            col[fresh] = _FILL.get(col.dtype.kind, 0)      # a key forgotten before starts afresh
         for c, v in values.items():
             v = _column(v)
             if c not in self.cols:
                 self.cols[c] = np.full(len(self.live), _FILL.get(v.dtype.kind, 0), dtype=v.dtype)
             self.cols[c] = _widened(self.cols[c], v)
             self.cols[c][slots] = v
-        fresh = ~self.live[slots]
-        self.n_live += int(np.unique(slots[fresh]).size) if fresh.any() else 0
+        self.n_live += len(fresh)
         self.live[slots] = True
         self.mark_dirty(np.unique(groups))
 
