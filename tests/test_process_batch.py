@@ -206,10 +206,15 @@ def _not_a_frame(rows, state, ctx):
     return {"x": 1}
 
 
+def _times_mismatch(rows, state, ctx):
+    ctx.timer(ctx.keys, rows.t)
+
+
 @pytest.mark.parametrize("func, message", [
     (_foreign, r"process 'pb': func .*_foreign raised ValueError: process 'pb': ctx.put got keys \[-1\] that are "
                r"not this call's"),
     (_not_a_frame, r"process 'pb': func .*_not_a_frame returned dict; return a pandas DataFrame or None"),
+    (_times_mismatch, r"ctx.timer got \d+ keys and \d+ times; give one time for all, or one per key"),
 ])
 def test_batch_process_errors_name_the_operator(two_workers, table, func, message):
     src = Stream.from_parquet(table[0]).with_watermark("t", delay="2s")

@@ -233,7 +233,12 @@ class TableState(KeyDict, StateStore):
         return self._take(*self._of_groups(groups))
 
     def snapshot(self, groups) -> dict:
-        return self._blob(*self._of_groups(groups))      # columns are copied out: nothing shared
+        blob = self._blob(*self._of_groups(groups))
+        if any(a.dtype == object for a in self.cols.values()):
+            import copy
+
+            blob["states"] = copy.deepcopy(blob["states"])     # a cell may be a list changed in place
+        return blob
 
     def cut_keys(self, keys, groups=None) -> dict:
         keys = np.asarray(keys)

@@ -71,12 +71,19 @@ class BatchContext:
         """Call ``on_timer`` for each key once the watermark passes its time (a timestamp
         or integer in the event-time column's unit: one for all, or one per key)."""
         keys, groups = self._own(keys, "timer")
-        self._store.add_timers(self._store.to_ns(times, len(keys)), keys, groups)
+        self._store.add_timers(self._times(times, len(keys), "timer"), keys, groups)
 
     def cancel(self, keys, times) -> None:
         """Drop the timers of ``keys`` at ``times`` (one for all, or one per key)."""
         keys, groups = self._own(keys, "cancel")
-        self._store.cancel(self._store.to_ns(times, len(keys)), keys, groups)
+        self._store.cancel(self._times(times, len(keys), "cancel"), keys, groups)
+
+    def _times(self, times, n: int, what: str) -> np.ndarray:
+        ns = self._store.to_ns(times, n)
+        if len(ns) != n:
+            raise ValueError(f"process {self._op!r}: ctx.{what} got {n} keys and {len(ns)} times; give one time "
+                             f"for all, or one per key")
+        return ns
 
 
 class ProcessBatchOperator(OnEventTime):
