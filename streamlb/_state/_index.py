@@ -26,6 +26,14 @@ def factorize_sized(values, last_distinct: int) -> tuple[np.ndarray, object]:
     return pd.factorize(values, sort=False, size_hint=min(len(values), max(1024, 2 * last_distinct)))
 
 
+def first_rows(codes: np.ndarray, n: int) -> np.ndarray:
+    """The first row of each code ``0..n-1`` (``codes``: each row's code; 0 for a code no
+    row has), vectorised: written back to front, so the first row is written last."""
+    first = np.zeros(n, np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return first
+
+
 class _KeyIndex:
     """Stable dense slots for keys, grown incrementally (one hash table per shard).
 

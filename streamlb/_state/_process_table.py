@@ -18,7 +18,7 @@ import pandas as pd
 from .._time import MIN_TIME, UNITS
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
-from ._index import _KeyIndex, _grow
+from ._index import _KeyIndex, _grow, first_rows
 from ._keydict import KeyDict
 from ._stateful_map import _key_array
 
@@ -39,13 +39,6 @@ def _widened(col: np.ndarray, v: np.ndarray) -> np.ndarray:
         return col.astype(np.result_type(col.dtype, v.dtype))
     except TypeError:
         return col.astype(object)
-
-
-def first_groups(codes: np.ndarray, n: int, groups: np.ndarray) -> np.ndarray:
-    """Key group of each of ``n`` distinct keys, from the rows (``codes``: a row's key)."""
-    out = np.empty(n, np.int64)
-    out[codes[::-1]] = groups[::-1]
-    return out
 
 
 class TableState(KeyDict, StateStore):
@@ -77,14 +70,14 @@ class TableState(KeyDict, StateStore):
         return ns.view("datetime64[ns]") if self.unit is None else ns // UNITS[self.unit]
 
     # -- the table ---------------------------------------------------------------------------
-    def batch_keys(self, frame: pd.DataFrame, groups) -> tuple[np.ndarray, np.ndarray]:
-        """The batch's distinct keys, in order of first appearance, and their key groups."""
-        keys = frame[self.key_name].to_numpy()
+    def distinct(self, keys: np.ndarray, groups) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct ``keys``, in order of first appearance, and their key groups (from
+        ``groups``, a row's; hashed when None)."""
         codes, uniq = pd.factorize(keys, sort=False)
-        uniq = np.asarray(uniq)
+        first = first_rows(codes, len(uniq))
         if groups is None:
-            return uniq, assign_to_key_group(uniq, self.groups, name=self.key_name)
-        return uniq, first_groups(codes, len(uniq), np.asarray(groups, np.int64))
+            return keys[first], assign_to_key_group(keys[first], self.groups, name=self.key_name)
+        return keys[first], np.asarray(groups, np.int64)[first]
 
     def _slots_held(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key that has state here, -1 for the others."""
@@ -122,7 +115,7 @@ class TableState(KeyDict, StateStore):
             self.cols[c][slots] = v
         self.n_live += len(fresh)
         self.live[slots] = True
-        self.mark_dirty(np.unique(groups))
+        self.mark_dirty(groups)
 
     def forget(self, keys: np.ndarray) -> None:
         """Drop ``keys``' state (their timers stay)."""
@@ -131,7 +124,7 @@ class TableState(KeyDict, StateStore):
         if len(slots):
             self.live[slots] = False
             self.n_live -= len(slots)
-            self.mark_dirty(np.unique(self.index.key_groups[slots]))
+            self.mark_dirty(self.index.key_groups[slots])
             self._compact()
 
     def _compact(self) -> None:
@@ -155,7 +148,7 @@ class TableState(KeyDict, StateStore):
     def add_timers(self, times: np.ndarray, keys: np.ndarray, groups: np.ndarray) -> None:
         if len(times):
             self._timers.append((times, keys, groups))
-            self.mark_dirty(np.unique(groups))
+            self.mark_dirty(groups)
 
     def _keep_timers(self, keep: np.ndarray) -> None:
         t, k, g = self._pending()
@@ -167,7 +160,7 @@ class TableState(KeyDict, StateStore):
             return
         gone = pd.MultiIndex.from_arrays([k, t]).isin(pd.MultiIndex.from_arrays([keys, times]))
         if gone.any():
-            self.mark_dirty(np.unique(g[gone]))
+            self.mark_dirty(g[gone])
             self._keep_timers(~gone)
 
     def due(self, watermark: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,7 +173,7 @@ class TableState(KeyDict, StateStore):
             fire &= ~self.held[g]
         if not fire.any():
             return t[:0], k[:0], g[:0]
-        self.mark_dirty(np.unique(g[fire]))
+        self.mark_dirty(g[fire])
         ft, fk, fg = t[fire], k[fire], g[fire]
         self._keep_timers(~fire)
         order = np.argsort(ft, kind="stable")
@@ -223,7 +216,7 @@ class TableState(KeyDict, StateStore):
             self.n_live -= len(slots)
         if timers.any():
             self._keep_timers(~timers)
-        self.mark_dirty(np.unique(blob["key_groups"]))
+        self.mark_dirty(blob["key_groups"])
         self._compact()
         return blob
 
@@ -264,7 +257,7 @@ class TableState(KeyDict, StateStore):
             karr = np.empty(len(k), keys.dtype)
             karr[:] = k
             self.add_timers(np.array(t, np.int64), karr, np.array(g, np.int64))
-        self.mark_dirty(np.unique(groups))
+        self.mark_dirty(groups)
 
     # -- what the job reads ------------------------------------------------------------------
     def update(self, frame: pd.DataFrame, groups=None):

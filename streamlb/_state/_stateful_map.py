@@ -11,7 +11,7 @@ from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
-from ._index import factorize_sized
+from ._index import factorize_sized, first_rows
 
 
 def _py_values(col: pd.Series) -> list:
@@ -99,8 +99,7 @@ class StatefulMapState(StateStore):
         # first row of each, found vectorised rather than with a dict over every row
         codes, uniques = factorize_sized(column, self._distinct)
         self._distinct = len(uniques)
-        first = np.empty(len(uniques), np.int64)
-        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        first = first_rows(codes, len(uniques))
         return {k: g for k, g in zip(uniques.tolist(), np.asarray(groups)[first].tolist()) if k not in states}
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None, outputs: bool = True) -> list | None:

@@ -29,6 +29,7 @@ import pandas as pd
 from .._time import MAX_TIME, MIN_TIME, from_ns
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
+from ._index import first_rows
 from ._keydict import KeyDict
 from ._stateful_map import _key_array
 from ._window_payload import Accumulators, Rows
@@ -145,8 +146,7 @@ class WindowState(Sessions, KeyDict, StateStore):
         pair = pd.MultiIndex.from_arrays([codes, bucket])
         pcodes, pairs = pd.factorize(pair, sort=False)
         payloads = self.payload.build(frame, np.asarray(pcodes), len(pairs))
-        first = np.empty(len(pairs), np.int64)
-        first[pcodes[::-1]] = np.arange(len(pcodes) - 1, -1, -1)
+        first = first_rows(pcodes, len(pairs))
         gs = groups[first].tolist()
         for (kc, p), g, pay in zip(pairs.tolist(), gs, payloads):
             key = uniq_keys[kc]
@@ -173,8 +173,7 @@ class WindowState(Sessions, KeyDict, StateStore):
         codes, uniq = pd.factorize(keys, sort=False)
         pcodes, pairs = pd.factorize(pd.MultiIndex.from_arrays([codes, _floordiv(times, self.pane)]), sort=False)
         payloads = self.payload.build(sub, np.asarray(pcodes), len(pairs))
-        first = np.empty(len(pairs), np.int64)
-        first[pcodes[::-1]] = np.arange(len(pcodes) - 1, -1, -1)
+        first = first_rows(pcodes, len(pairs))
         uniq = uniq.tolist()
         return late, {"panes": [(uniq[kc], g, p, pay) for (kc, p), g, pay in
                                 zip(pairs.tolist(), groups[first].tolist(), payloads)]}

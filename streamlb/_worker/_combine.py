@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .._state._index import factorize_sized
+from .._state._index import factorize_sized, first_rows
 from .._time import nulls, to_ns
 from ..exceptions import SchemaError
 from .._state._partials import PARTIAL, RECORDS, blob_of, records_of  # noqa: F401 (the format is used from here)
@@ -181,8 +181,7 @@ def _by_pane(codes: np.ndarray, n: int, panes: np.ndarray, pane: int) -> tuple:
         return None
     if k == 1:
         return codes, n, 1, np.zeros(1, np.intp)
-    row = np.array([int(np.argmax(at == j)) for j in range(k)], np.intp)     # a row of each pane
-    return codes * k + at, n * k, k, row
+    return codes * k + at, n * k, k, first_rows(at, k)     # a row of each pane
 
 
 def _take(col: pd.Series, rows: np.ndarray):

@@ -105,7 +105,7 @@ class ProcessBatchOperator(OnEventTime):
         ctx, store = self.ctx, self.store
         ctx.meter.blocked = 0.0
         t1 = time.perf_counter()
-        keys, kgroups = store.batch_keys(frame, groups)
+        keys, kgroups = store.distinct(frame[self.stage.key_name].to_numpy(), groups)
         call = BatchContext(store, self.stage.name, keys, kgroups)
         out = self._call("func", store.func, frame, store.view(keys), call)
         applied = time.time()
@@ -118,9 +118,9 @@ class ProcessBatchOperator(OnEventTime):
         if not len(times) or store.on_timer is None:
             return
         due = pd.DataFrame({self.stage.key_name: keys, "time": store.from_ns(times)})
-        _, first = np.unique(pd.factorize(keys, sort=False)[0], return_index=True)
-        call = BatchContext(store, self.stage.name, keys[first], groups[first])
-        await self._emit(self._call("on_timer", store.on_timer, due, store.view(keys[first]), call), made_at)
+        keys, groups = store.distinct(keys, groups)
+        call = BatchContext(store, self.stage.name, keys, groups)
+        await self._emit(self._call("on_timer", store.on_timer, due, store.view(keys), call), made_at)
 
     async def _emit(self, out, emitted: float) -> None:
         if out is not None and len(out) and self.stage.children:
