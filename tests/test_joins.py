@@ -120,6 +120,90 @@ def test_join_keys_of_different_names_keep_both_columns(two_workers, tables):
     _same(got, want)
 
 
+@pytest.mark.parametrize("left_cols,right_cols,keys,suffixes", [
+    (["k", "v", "t"], ["k", "v", "t"], ("k", "k"), ("_x", "_y")),          # shared key, both values suffixed
+    (["v", "k"], ["w", "kk"], ("k", "kk"), ("_a", "_b")),                  # two key names, nothing shared
+    (["k", "v"], ["kk", "k", "v"], ("k", "kk"), ("_x", "_y")),             # the left key's name on the right
+    (["k", "s", "v_x"], ["s", "k", "v"], ("k", "k"), ("", "_r")),          # an empty suffix
+    (["k", "v"], ["k", "v"], ("k", "k"), ("_x", "")),
+])
+def test_joined_rows_have_the_columns_pandas_merge_gives(left_cols, right_cols, keys, suffixes):
+    """The join's pairs are assembled from the columns' arrays; ground truth: pandas.merge
+    of the same rows (unique keys, so each row pairs with its counterpart), column by
+    column, dtypes included; and the same when the shared key has two types."""
+    from streamlb._state._joins import JoinState
+
+    rng = np.random.default_rng(3)
+    n = 7
+
+    def column(name, key):
+        if name == key:
+            return np.arange(n, dtype=np.int64)[::-1]
+        kind = sum(map(ord, name)) % 4
+        return (rng.random(n) if kind == 0 else pd.array([f"s{i}" for i in rng.integers(0, 5, n)], dtype="string")
+                if kind == 1 else BASE + pd.to_timedelta(rng.integers(0, 10**6, n), unit="ms") if kind == 2
+                else pd.array(rng.integers(0, 9, n), dtype="Int64"))
+
+    left = pd.DataFrame({c: column(c, keys[0]) for c in left_cols})
+    right = pd.DataFrame({c: column(c, keys[1]) for c in right_cols})
+    join = {"how": "inner", "between": None, "ttl": None, "key_names": list(keys), "suffixes": suffixes}
+    store = JoinState("j", join, 16)
+    want = pd.merge(left, right, left_on=keys[0], right_on=keys[1], suffixes=suffixes)
+    pd.testing.assert_frame_equal(store.merged(left, right), want)
+    if keys[0] == keys[1]:                  # a shared key of two types: pandas decides, as merge does
+        right[keys[1]] = right[keys[1]].astype(np.int32)
+        want = pd.merge(left, right, left_on=keys[0], right_on=keys[1], suffixes=suffixes)
+        pd.testing.assert_frame_equal(store.merged(left, right), want)
+
+
+@pytest.mark.parametrize("how,between", [("inner", None), ("outer", (-S, S))])
+def test_join_state_moved_and_checkpointed_keeps_every_match(how, between):
+    """Two instances' join stores, key groups moving between them every few batches (one
+    way pickled, as a move ships a blob; the other through the checkpoint file format),
+    join exactly what one store that never moves joins, and hold the same rows."""
+    import pickle
+
+    from streamlb._checkpoint._format import decode, encode
+    from streamlb._state._joins import JoinState
+    from streamlb.keygroups import assign_to_key_group
+
+    G = 16
+    rng = np.random.default_rng(11)
+    between = None if between is None else tuple(int(b.value) for b in between)
+    spec = {"how": how, "between": between, "ttl": None, "key_names": ["k", "k"], "suffixes": ("_x", "_y")}
+
+    def rows_of(out):
+        return [] if out is None else sorted(map(tuple, out.astype(str).to_numpy().tolist()))
+
+    for _ in range(10):
+        ref, stores = JoinState("j", spec, G), [JoinState("j", spec, G), JoinState("j", spec, G)]
+        owner = rng.integers(0, 2, G)
+        got, want = [], []
+        for step in range(40):
+            side, n = int(rng.integers(0, 2)), int(rng.integers(1, 30))
+            batch = pd.DataFrame({"k": rng.integers(0, 40, n), "v": rng.integers(0, 1000, n),
+                                  "s": pd.array([f"s{x}" for x in rng.integers(0, 9, n)], dtype="string")})
+            times = rng.integers(0, 2 * 10**9, n)
+            want += rows_of(ref.update(batch, times=times, side=side))
+            g = assign_to_key_group(batch.k.to_numpy(), G)
+            for i in (0, 1):
+                sel = owner[g] == i
+                if sel.any():
+                    got += rows_of(stores[i].update(batch[sel].reset_index(drop=True), groups=g[sel],
+                                                    times=times[sel], side=side))
+            if step % 7 == 3:
+                moving = np.flatnonzero(rng.random(G) < 0.4)
+                for i in (0, 1):
+                    mine = [int(x) for x in moving if owner[x] == i]
+                    if mine:
+                        blob = stores[i].cut(mine)
+                        blob = pickle.loads(pickle.dumps(blob)) if i == 0 else decode("join", encode("join", blob))
+                        stores[1 - i].install(blob)
+                owner[moving] = 1 - owner[moving]
+        assert sorted(got) == sorted(want)
+        assert sum(len(s) for s in stores) == len(ref)
+
+
 def test_window_join_matches_pandas(two_workers, tables):
     left, right = _sources(tables)
     out = []

@@ -14,6 +14,7 @@ Blobs hold, per key group, the rows of both sides (``{"states": {Part(g): (left,
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,52 @@ class _Chunk:
 def _concat(chunks: list) -> _Chunk:
     return _Chunk(pd.concat([c.frame for c in chunks], ignore_index=True),
                   *(np.concatenate([getattr(c, a) for c in chunks]) for a in ("h", "keys", "t", "g", "m")))
+
+
+class GroupRows(Mapping):
+    """A blob's ``states`` as one frame per side in key-group order (``None``: no rows of
+    that side), read as the mapping ``{Part(g): (left rows, right rows)}`` the checkpoint
+    format pickles per key group. It travels (a move, a lazy pull) as those two frames: a
+    frame per group cost milliseconds each to pickle and unpickle, most of a move's time."""
+
+    __slots__ = ("groups", "sides", "bounds")
+
+    def __init__(self, groups: np.ndarray, sides: list) -> None:
+        self.groups, self.sides = groups, sides      # sides: (row groups, frame) or None each
+        self.bounds = [None if s is None else (np.searchsorted(s[0], groups, "left"),
+                                               np.searchsorted(s[0], groups, "right")) for s in sides]
+
+    def __getstate__(self):
+        return self.groups, self.sides
+
+    def __setstate__(self, state) -> None:
+        self.__init__(*state)
+
+    def __getitem__(self, part: Part) -> tuple:
+        n = int(np.searchsorted(self.groups, part.group))
+        if n == len(self.groups) or self.groups[n] != part.group:
+            raise KeyError(part)
+        return tuple(None if s is None or b[0][n] == b[1][n] else s[1].iloc[b[0][n]:b[1][n]]
+                     for s, b in zip(self.sides, self.bounds))
+
+    def __iter__(self):
+        return (Part(g) for g in self.groups.tolist())
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+
+def _side_rows(states, groups: list, side: int):
+    """``(frame, key group per row)`` of ``side``'s rows in a blob's ``states`` (None: none)."""
+    if isinstance(states, GroupRows):
+        s = states.sides[side]
+        return (s[1], s[0]) if s is not None and len(s[1]) else None
+    frames = [(rows[side], g) for rows, g in zip(states.values(), groups)
+              if rows[side] is not None and len(rows[side])]
+    if not frames:
+        return None
+    return (pd.concat([f for f, _ in frames], ignore_index=True),
+            np.repeat(np.array([g for _, g in frames], np.int64), [len(f) for f, _ in frames]))
 
 
 class JoinState(StateStore):
@@ -165,7 +212,24 @@ class JoinState(StateStore):
 
     def merged(self, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
         """Pairs ``left.iloc[i]``, ``right.iloc[i]`` as one frame, in the columns
-        ``pandas.merge(left, right, left_on=..., right_on=..., suffixes=...)`` gives."""
+        ``pandas.merge(left, right, left_on=..., right_on=..., suffixes=...)`` gives: both
+        sides' columns, the key once when both sides call it the same, the other names both
+        sides have with the suffixes. Built from the columns' arrays (``pandas.merge`` costs
+        milliseconds a batch in its own set-up), unless a case is unusual (names the
+        suffixes would make twice, a shared key of two types): then by ``pandas.merge``."""
+        lk, rk = self.key_names
+        right_cols = [c for c in right.columns if not (c == rk == lk)]
+        both = set(left.columns).intersection(right_cols)
+        sl, sr = self.suffixes
+        names = ([f"{c}{sl}" if c in both else c for c in left.columns]
+                 + [f"{c}{sr}" if c in both else c for c in right_cols])
+        if (len(set(names)) < len(names) or not left.columns.is_unique or not right.columns.is_unique
+                or (lk == rk and left[lk].dtype != right[rk].dtype)):
+            return self._merged_by_pandas(left, right)
+        arrays = [left[c]._values for c in left.columns] + [right[c]._values for c in right_cols]
+        return pd.DataFrame(dict(zip(names, arrays)), index=pd.RangeIndex(len(left)), copy=False)
+
+    def _merged_by_pandas(self, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
         lk, rk = self.key_names
         n = np.arange(len(left))
         out = pd.merge(left.assign(**{_P: n}), right.assign(**{_P: n}), left_on=[lk, _P], right_on=[rk, _P],
@@ -270,29 +334,23 @@ class JoinState(StateStore):
     # -- migration and checkpoints ------------------------------------------------------------
     def _split(self, pick) -> dict:
         """``pick(chunk) -> bool mask`` of rows to give: their blob, the rows taken out
-        when ``take``."""
-        states, order = {}, []
+        when ``take``: each side's rows in key-group order, as :class:`GroupRows`."""
         per_side = []
         for side in (0, 1):
-            parts = []
-            for c in self.sides[side]:
-                mask = pick(c)
-                if mask.any():
-                    parts.append(c.take(np.flatnonzero(mask)))
-            per_side.append(_concat(parts) if parts else None)
-        groups = sorted(set().union(*(set(np.unique(c.g).tolist()) for c in per_side if c is not None)))
-        for g in groups:
-            rows = []
-            for c in per_side:
-                if c is None:
-                    rows.append(None)
-                    continue
-                sel = np.flatnonzero(c.g == g)
-                rows.append(None if not len(sel) else
-                            c.frame.take(sel).reset_index(drop=True).assign(**{_T: c.t[sel], _M: c.m[sel]}))
-            states[Part(g)] = tuple(rows)
-            order.append(g)
-        return {"states": states, "key_groups": np.array(order, np.int64)}
+            parts = [c.take(np.flatnonzero(mask)) for c in self.sides[side] if (mask := pick(c)).any()]
+            if not parts:
+                per_side.append(None)
+                continue
+            g = np.concatenate([c.g for c in parts])
+            o = np.argsort(g, kind="stable")
+            frame = pd.concat([c.frame for c in parts], ignore_index=True) if len(parts) > 1 else parts[0].frame
+            t, m = (np.concatenate([getattr(c, a) for c in parts])[o] for a in ("t", "m"))
+            frame = frame.take(o).reset_index(drop=True)
+            frame[_T], frame[_M] = t, m
+            per_side.append((g[o], frame))
+        present = [s[0] for s in per_side if s is not None]
+        groups = np.unique(np.concatenate(present)).astype(np.int64) if present else np.zeros(0, np.int64)
+        return {"states": GroupRows(groups, per_side), "key_groups": groups}
 
     def _remove(self, pick) -> None:
         for side in (0, 1):
@@ -335,19 +393,22 @@ class JoinState(StateStore):
         return blob
 
     def install(self, blob: dict) -> None:
+        """Take the rows of ``blob``'s key groups: each side's in one chunk (a chunk per
+        group would have the side's chunks merged, and sorted, every few groups)."""
         groups = blob["key_groups"].tolist()
         self.mark_dirty(groups)
-        for (part, rows), g in zip(blob["states"].items(), groups):
-            for side, frame in enumerate(rows):
-                if frame is None or not len(frame):
-                    continue
-                t, m = frame[_T].to_numpy(np.int64), frame[_M].to_numpy(bool)
-                frame = frame.drop(columns=[_T, _M])
-                if self.schema[side] is None:
-                    self.schema[side] = frame.iloc[:0]
-                keys = frame[self.key_names[side]].to_numpy()
-                self._keep(side, _Chunk(frame, stable_hash(keys, name=self.key_names[side]), keys, t,
-                                        np.full(len(frame), g, np.int64), m.copy()))
+        for side in (0, 1):
+            got = _side_rows(blob["states"], groups, side)
+            if got is None:
+                continue
+            frame, g = got
+            frame = frame.reset_index(drop=True)
+            t, m = frame[_T].to_numpy(np.int64), frame[_M].to_numpy(bool).copy()
+            frame = frame.drop(columns=[_T, _M])
+            if self.schema[side] is None:
+                self.schema[side] = frame.iloc[:0]
+            keys = frame[self.key_names[side]].to_numpy()
+            self._keep(side, _Chunk(frame, stable_hash(keys, name=self.key_names[side]), keys, t, g, m))
 
     def contains(self, keys, groups=None) -> np.ndarray:
         keys = np.asarray(keys)

@@ -9,16 +9,20 @@ Python runs per key or per pane, as for the pane store of window aggregates
 this store shares.
 
 Everything about time (``fired_to`` per key group, holds, lateness, late rows) is
-:class:`~._windows.WindowState`'s. Blobs, for migration and checkpoints, are the same as
+:class:`~._windows.WindowState`'s. Blobs, for migration and checkpoints, read as
 ``WindowState``'s with :class:`~._window_join.JoinRows` payloads: per key,
-``{pane: [Slice, ...]}``, plus a :class:`~._windows.Floor` per key group.
+``{pane: [Slice, ...]}``, plus a :class:`~._windows.Floor` per key group; a blob cut here
+holds them as :class:`PaneParts` (the rows, a frame per pane and side) and travels so.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from .._time import from_ns
+from ._index import first_rows
 from ._joins import KEY, SIDE
 from ._stateful_map import _key_array
 from ._window_join import JoinRows, Slice
@@ -27,6 +31,53 @@ from ._windows import Floor, WindowState, _floordiv
 
 #: a pane's side holding more parts than this has them joined into one
 COMPACT = 8
+
+
+class PaneParts(Mapping):
+    """A blob's ``states`` as the rows it holds, one frame per pane, side and part
+    (``(pane, side, rows, their key groups)``), read as the mapping ``{Floor(g): fired_to,
+    key: {pane: [Slice]}}`` the checkpoint format pickles per key (built on first read). It
+    travels (a move, a lazy pull) as those frames: a frame per key and pane cost
+    milliseconds each to pickle and unpickle, most of a move's time."""
+
+    __slots__ = ("floors", "parts", "_states")
+
+    def __init__(self, floors: dict, parts: list) -> None:
+        self.floors, self.parts, self._states = floors, parts, None
+
+    def __getstate__(self):
+        return self.floors, self.parts
+
+    def __setstate__(self, state) -> None:
+        self.__init__(*state)
+
+    def key_groups(self) -> np.ndarray:
+        """The key group of each entry, in the mapping's order: the floors', then each
+        key's (in the order the rows first show it)."""
+        floors = np.array(list(self.floors), np.int64)
+        if not self.parts:
+            return floors
+        keys = np.concatenate([rows[KEY].to_numpy() for _, _, rows, _ in self.parts])
+        codes, uniq = pd.factorize(keys, sort=False)
+        gs = np.concatenate([g for _, _, _, g in self.parts])
+        return np.concatenate([floors, gs[first_rows(codes, len(uniq))]])
+
+    def _mapping(self) -> dict:
+        if self._states is None:
+            states, order = {Floor(g): v for g, v in self.floors.items()}, list(self.floors)
+            for p, side, rows, gs in self.parts:
+                PaneJoinState._slices(states, order, p, side, rows, gs)
+            self._states = states
+        return self._states
+
+    def __getitem__(self, key):
+        return self._mapping()[key]
+
+    def __iter__(self):
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
 
 
 class PaneJoinState(PaneClock, WindowState):
@@ -108,16 +159,16 @@ class PaneJoinState(PaneClock, WindowState):
 
     # -- migration and checkpoints: blobs per key, as WindowState's ------------------------------
     def _per_key(self, select, groups: list[int], take: bool) -> dict:
-        """The rows that ``select(rows, groups) -> mask`` picks, per key as ``{pane:
-        [Slice]}`` (``take``: and no longer held here)."""
-        states, order = {Floor(g): int(self.fired_to[g]) for g in groups}, list(groups)
+        """The rows that ``select(rows, groups) -> mask`` picks, as :class:`PaneParts`
+        (``take``: and no longer held here)."""
+        parts = []
         for p, pane in list(self.panes.items()):
             for side in (0, 1):
                 kept = []
                 for rows, gs in pane[side]:
                     sel = select(rows, gs)
                     if sel.any():
-                        self._slices(states, order, p, side, rows[sel], gs[sel])
+                        parts.append((p, side, rows[sel], gs[sel]))
                     if not take:
                         kept.append((rows, gs))
                     elif not sel.all():
@@ -125,7 +176,8 @@ class PaneJoinState(PaneClock, WindowState):
                 pane[side][:] = kept
             if not pane[0] and not pane[1]:
                 del self.panes[p]
-        return {"states": states, "key_groups": np.array(order, np.int64)}
+        states = PaneParts({g: int(self.fired_to[g]) for g in groups}, parts)
+        return {"states": states, "key_groups": states.key_groups()}
 
     @staticmethod
     def _slices(states: dict, order: list, p: int, side: int, rows: pd.DataFrame, groups: np.ndarray) -> None:
@@ -160,16 +212,23 @@ class PaneJoinState(PaneClock, WindowState):
         return self._per_key(select, asked.tolist(), take=True)
 
     def install(self, blob: dict) -> None:
-        states, groups, floors = self._floors(blob)
+        states = blob["states"]
+        if isinstance(states, PaneParts):       # as cut here: the parts as they are
+            self.mark_dirty(blob["key_groups"].tolist())
+            floors = states.floors
+            for g, v in floors.items():
+                self.fired_to[g] = max(self.fired_to[g], v)
+            pieces = [((p, side), rows, gs) for p, side, rows, gs in states.parts]
+        else:                                   # per key, as a checkpoint reads it back
+            states, groups, floors = self._floors(blob)
+            pieces = [((p, s.side), s.frame.take(s.idx), np.full(len(s.idx), g, np.int64))
+                      for (k, panes), g in zip(states.items(), groups) if not isinstance(k, Floor)
+                      for p, slices in panes.items() for s in slices]
         parts: dict[tuple[int, int], tuple[list, list]] = {}
-        for (k, panes), g in zip(states.items(), groups):
-            if isinstance(k, Floor):
-                continue
-            for p, slices in panes.items():
-                for s in slices:
-                    frames, gs = parts.setdefault((p, s.side), ([], []))
-                    frames.append(s.frame.take(s.idx))
-                    gs.append(np.full(len(s.idx), g, np.int64))
+        for at, frame, gs in pieces:
+            frames, groups_of = parts.setdefault(at, ([], []))
+            frames.append(frame)
+            groups_of.append(gs)
         for (p, side), (frames, gs) in parts.items():
             gs = np.concatenate(gs)
             self._part(p, side, pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0], gs)

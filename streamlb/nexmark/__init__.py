@@ -58,14 +58,24 @@ def q2(person, auction, bid):
 
 
 # -- q3: a regular join ---------------------------------------------------------------------
+def _columns(df: pd.DataFrame, names: dict, keep=None) -> pd.DataFrame:
+    """The columns ``names`` ({new name: column of ``df``}) of ``df``'s rows ``keep`` (a
+    boolean mask; None: all) as a new frame, built from the columns' arrays: per small
+    batch, cheaper than ``loc`` and ``rename`` (each costs about a millisecond in pandas)."""
+    if keep is None:
+        return pd.DataFrame({new: df[old].array for new, old in names.items()})
+    keep = np.asarray(keep, bool)
+    return pd.DataFrame({new: df[old].array[keep] for new, old in names.items()}, copy=False)
+
+
 def q3(person, auction, bid):
     """Local item suggestion: auctions of category 10 by sellers in OR, ID or CA."""
     a = _timed(auction, ["id", "seller", "category"]).map(
-        lambda df: df.loc[df.category == 10, ["id", "seller"]].rename(columns={"id": "auction_id"}))
+        lambda df: _columns(df, {"auction_id": "id", "seller": "seller"}, df.category.to_numpy() == 10))
     p = _timed(person, ["id", "name", "city", "state"]).map(
-        lambda df: df.loc[df.state.isin(["OR", "ID", "CA"]), ["id", "name", "city", "state"]])
+        lambda df: _columns(df, {c: c for c in ("id", "name", "city", "state")}, df.state.isin(["OR", "ID", "CA"])))
     j = a.key_by("seller").join(p.key_by("id"), name="q3_join")
-    return j.map(lambda df: df[["name", "city", "state", "auction_id"]].rename(columns={"auction_id": "id"}))
+    return j.map(lambda df: _columns(df, {"name": "name", "city": "city", "state": "state", "id": "auction_id"}))
 
 
 # -- q4, q6: auctions closing with their highest bid -----------------------------------------
