@@ -42,9 +42,10 @@ q8      ``q8_join``       the window join of new people and their auctions
 
 Prints a table per query (strategy, max ms, p99 ms, steady p99 ms, move s, epochs, exact),
 the ratio of all-at-once's max latency to fluid's and lazy's (the goal: 10x or more), one
-JSON line with every figure, and writes a PNG of latency over time per strategy, one panel
-per query (``--out``, default ``docs/images/nexmark-megaphone.png``). Exit code 1 if an
-output is not exact or a move failed (the run goes on to the next).
+JSON line with every figure (and when the first epoch passed each phase: ``phases``), and
+writes a PNG of latency over time per strategy, one panel per query (``--out``, default
+``docs/images/nexmark-megaphone.png``). Exit code 1 if an output is not exact or a move
+failed (the run goes on to the next).
 
 Run from the repository (the ``bench`` and ``spark`` extras)::
 
@@ -189,12 +190,23 @@ def _run(query: str, path: str, man: dict, rate: float, strategy: str, workers: 
     return {
         "operator": box["operator"], "kind": box["kind"], "groups": box["groups"], "key_groups": box["key_groups"],
         "max_ms": lat["max"], "p99_ms": lat["p99"], "steady_p99_ms": calm["p99"], "move_s": end - start,
-        "epochs": len(epochs), "exact": diff is None, "difference": diff,
+        "epochs": len(epochs), "exact": diff is None, "difference": diff, "phases": phases(epochs),
         "failed": str(box["error"]).splitlines()[0][:200] if "error" in box else None,
         # the sources had read all the input before the move completed
         "outlasted": bool(end > read.t.max() + WINDOW),
         "series": {"t": (series.index - start).tolist(), "max_ms": series.tolist()},
     }
+
+
+def phases(epochs: list) -> dict | None:
+    """When the move's first epoch passed each phase, ms after it started (``Job.history``):
+    routers switched, old owners aligned (state cut and shipped from then), state installed
+    at the last new owner, epoch completed."""
+    if not epochs:
+        return None
+    e = epochs[0]
+    return {k: None if e.get(k) is None else round((e[k] - e["started"]) * 1e3, 1)
+            for k in ("routers_switched", "aligned", "installed", "completed")}
 
 
 def _table(runs: dict) -> str:
