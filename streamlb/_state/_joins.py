@@ -10,7 +10,8 @@ never matched are emitted then, with nulls for the other side. Rows of key group
 while they move stay until the move is done here.
 
 Blobs hold, per key group, the rows of both sides (``{"states": {Part(g): (left, right)},
-"key_groups": ...}``: pickled per key group in checkpoints, as window state is per key).
+"key_groups": ...}``: pickled per key group in checkpoints, as window state is per key). A
+blob cut here holds them as :class:`GroupRows`, one frame per side, and travels so.
 """
 from __future__ import annotations
 
