@@ -175,11 +175,11 @@ def test_join_state_moved_and_checkpointed_keeps_every_match(how, between):
     def rows_of(out):
         return [] if out is None else sorted(map(tuple, out.astype(str).to_numpy().tolist()))
 
-    for _ in range(10):
+    for _ in range(4):
         ref, stores = JoinState("j", spec, G), [JoinState("j", spec, G), JoinState("j", spec, G)]
         owner = rng.integers(0, 2, G)
         got, want = [], []
-        for step in range(40):
+        for step in range(30):
             side, n = int(rng.integers(0, 2)), int(rng.integers(1, 30))
             batch = pd.DataFrame({"k": rng.integers(0, 40, n), "v": rng.integers(0, 1000, n),
                                   "s": pd.array([f"s{x}" for x in rng.integers(0, 9, n)], dtype="string")})
