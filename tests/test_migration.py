@@ -294,6 +294,43 @@ def test_fluid_epochs_take_at_least_a_step_and_more_while_within_the_key_budget(
     assert _fluid_epochs([], 4, {}, 65_536) == []
 
 
+def test_lazy_drain_chunks_take_at_least_a_step_and_more_while_within_lazy_keys():
+    """The lazy drain's chunks over a real store: every group once, in order; groups of few
+    keys drain together up to ``lazy-keys``, a large one alone (at least ``lazy-step``)."""
+    from streamlb._worker._instance import OwnerSide          # the worker package first
+    from streamlb._state import AggregateState
+    from streamlb.keygroups import assign_to_key_group
+
+    G = 64
+    keys = np.arange(20_000)
+    groups = assign_to_key_group(keys, G, name="k")
+    big = int(groups[0])
+    keys = np.concatenate([keys[groups != big][:600], keys[groups == big]])   # one large group
+    store = AggregateState("n", {"n": ("v", "count")}, "k", G)
+    store.update(pd.DataFrame({"k": keys, "v": 1.0}))
+    per = dict(zip(range(G), store.keys_per_group(range(G)).tolist()))
+    assert per[big] > 250 and sum(per.values()) == len(keys)
+
+    def chunks(step, budget):
+        owner = OwnerSide(store, None, index=0, merges=False, send=None, apply=None, spawn=None,
+                          lazy_step=step, lazy_delay=0, lazy_pace=0, lazy_keys=budget)
+        return owner._lazy_chunks(list(range(G)))
+
+    for step, budget in [(1, 0), (1, 100), (4, 100), (1, 250), (3, 4096)]:
+        got = chunks(step, budget)
+        assert [g for c in got for g in c] == list(range(G))
+        for c in got:
+            assert len(c) >= step or c is got[-1]
+            assert len(c) <= step or sum(per[g] for g in c) <= budget
+            if c is not got[-1]:          # it stopped only where the next group broke the budget
+                nxt = got[got.index(c) + 1][0]
+                assert len(c) < step or sum(per[g] for g in c) + per[nxt] > budget
+    assert chunks(1, 0) == [[g] for g in range(G)]                # lazy-keys 0: lazy-step alone
+    assert chunks(2, 0) == [[g, g + 1] for g in range(0, G, 2)]
+    assert chunks(1, 4096) == [list(range(G))]                    # all of it within the budget
+    assert [big] in chunks(1, 250)                                # the large group alone
+
+
 def _count_hashed_rows(reset: bool):
     """On a worker: count the keys ``stable_hash`` sees (installed once per process)."""
     from streamlb import keygroups

@@ -25,6 +25,7 @@ from ..exceptions import MigrationError
 from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, all_idle, check_settled, forget, gather, until, wait_done
+from ._moves import budget_chunks
 from ._split import key_group_of
 
 logger = logging.getLogger("streamlb.migration")
@@ -132,16 +133,7 @@ def _fluid_epochs(moving: list[tuple[int, int]], step: int, keys: dict[int, int]
     """Cut the moves into fluid epochs: each takes at least ``step`` key groups, and more
     while the keys it moves stay within ``budget``, so small groups move together rather
     than an epoch (a few round trips) apiece."""
-    epochs: list[list[tuple[int, int]]] = []
-    cur: list[tuple[int, int]] = []
-    held = 0
-    for g, to in moving:
-        if len(cur) >= step and held + keys.get(g, 0) > budget:
-            epochs.append(cur)
-            cur, held = [], 0
-        cur.append((g, to))
-        held += keys.get(g, 0)
-    return epochs + [cur] if cur else epochs
+    return budget_chunks(moving, step, lambda move: keys.get(move[0], 0), budget)
 
 
 @dataclass

@@ -8,6 +8,27 @@ import time
 import numpy as np
 
 
+def budget_chunks(items: list, step: int, size, budget: int) -> list[list]:
+    """Cut ``items`` in order into chunks of at least ``step`` items, each taking more while
+    the sizes (``size(item)``, keys held) it adds up stay within ``budget``: small key groups
+    move together rather than a round (or a scan of the state) apiece.
+
+    >>> budget_chunks([1, 2, 3, 4, 5], 2, lambda g: {3: 9}.get(g, 1), 4)
+    [[1, 2], [3, 4], [5]]
+    """
+    chunks: list[list] = []
+    cur: list = []
+    held = 0
+    for item in items:
+        n = size(item)
+        if len(cur) >= step and held + n > budget:
+            chunks.append(cur)
+            cur, held = [], 0
+        cur.append(item)
+        held += n
+    return chunks + [cur] if cur else chunks
+
+
 class EpochMove:
     """The part of epoch ``epoch`` one owner takes part in."""
 

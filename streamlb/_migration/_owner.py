@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from .._worker._messages import Barrier, Install, InstallKeys, LazyNeed
-from ._moves import EpochMove, Held, mark_first, unique
+from ._moves import EpochMove, Held, budget_chunks, mark_first, unique
 
 
 class OwnerSide:
@@ -34,12 +34,13 @@ class OwnerSide:
 
     def __init__(self, store, aligner, *, index: int, merges: bool, send: Callable[[int, object], Awaitable],
                  apply: Callable[..., Awaitable], spawn: Callable, lazy_step: int, lazy_delay: float,
-                 lazy_pace: float, settle: Callable[[], Awaitable] | None = None) -> None:
+                 lazy_pace: float, lazy_keys: int = 0, settle: Callable[[], Awaitable] | None = None) -> None:
         self.store, self.aligner, self.index = store, aligner, index
         self.settle = settle
         self.merges_lazily = merges
         self.send, self.apply, self.spawn = send, apply, spawn
         self.lazy_step, self.lazy_delay, self.lazy_pace = lazy_step, lazy_delay, max(0.0, float(lazy_pace))
+        self.lazy_keys = int(lazy_keys or 0)
         self.moves: dict[int, EpochMove] = {}
         self.pending_in: dict[int, EpochMove] = {}     # key group -> the move bringing its state
         # lazy by merging: incoming key group -> the move whose old state will be merged in;
@@ -181,7 +182,8 @@ class OwnerSide:
 
     async def _drain_lazy(self, m: EpochMove) -> None:
         """Lazy, old owner: serve the keys asked for before alignment, then move the rest
-        of the groups ``lazy-step`` at a time (key requests get in between chunks). With
+        of the groups in chunks of at least ``lazy-step`` groups, more while their keys add
+        up to at most ``lazy-keys`` (key requests get in between chunks). With
         no request yet, wait up to ``lazy-delay`` for the first one, so the first moved
         rows' keys do not queue behind whole groups; a merging epoch, which pulls nothing,
         waits that long before its first chunk, and after each chunk rests ``lazy-pace``
@@ -196,15 +198,22 @@ class OwnerSide:
                 await asyncio.wait_for(m.pulled.wait(), self.lazy_delay)
             except asyncio.TimeoutError:
                 pass
-        step = max(1, int(self.lazy_step))
         rest = sorted(g for g in m.outgoing if g not in m.sent)
         merging = self.merges(m.strategy)
-        for i in range(0, len(rest), step):
+        for chunk in self._lazy_chunks(rest):
             await asyncio.sleep(0)
             t = time.perf_counter()
-            await self._ship(m, rest[i:i + step])
+            await self._ship(m, chunk)
             if merging and self.lazy_pace:
                 await asyncio.sleep(self.lazy_pace * (time.perf_counter() - t))
+
+    def _lazy_chunks(self, groups: list[int]) -> list[list[int]]:
+        """The lazy drain's chunks of ``groups`` (see :meth:`_drain_lazy`)."""
+        step = max(1, int(self.lazy_step))
+        if self.lazy_keys <= 0 or len(groups) <= step:
+            return [groups[i:i + step] for i in range(0, len(groups), step)]
+        held = dict(zip(groups, self.store.keys_per_group(groups).tolist()))
+        return budget_chunks(groups, step, held.__getitem__, self.lazy_keys)
 
     # -- new owner: hold, install, release ------------------------------------------------------
     def admit(self, frame, groups, emitted: float, fut, router: int, need: LazyNeed | None):

@@ -52,10 +52,9 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
     replaces, so receivers refuse what the old one still sends.
     """
 
-    def __init__(self, stage: Stage, index: int, upstream_instances, *, job: str,
-                 key_groups: int, window: float, credits: int, lazy_step: int = 1,
-                 lazy_delay: float = 0.1, lazy_asked: int = 1 << 17, lazy_pace: float = 1.0,
-                 run: int = 0, heap_pad: int = 0) -> None:
+    def __init__(self, stage: Stage, index: int, upstream_instances, *, job: str, key_groups: int,
+                 window: float, credits: int, lazy_step: int = 1, lazy_delay: float = 0.1, lazy_asked: int = 1 << 17,
+                 lazy_pace: float = 1.0, lazy_keys: int = 0, run: int = 0, heap_pad: int = 0) -> None:
         self.stage, self.index, self.job, self.key_groups, self.credits = stage, index, job, key_groups, credits
         self.run, self.heap_kept = run, keep_heap(heap_pad)
         self.label = f"{stage.name}[{index}]"
@@ -88,7 +87,8 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
         self.op = make_operator(self)
         self.owner = OwnerSide(self.store, self.aligner, index=index, merges=stage.merges_lazily,
                                send=self.send_control, apply=self._apply, spawn=self.tasks.spawn, lazy_step=lazy_step,
-                               lazy_delay=lazy_delay, lazy_pace=lazy_pace, settle=self.watermarks.settler)
+                               lazy_delay=lazy_delay, lazy_pace=lazy_pace, lazy_keys=lazy_keys,
+                               settle=self.watermarks.settler)
         self._lazy_asked = lazy_asked
         self.source = Source(stage, index, self._emit, self.dead) if stage.is_source else None
         self.exchanges: dict = {}
