@@ -48,7 +48,10 @@ class SplitClock:
             frame = frame[~bad]
             col = frame[self.column]
         if len(frame):
-            top = int(to_ns(col, self.unit, self.what).max())
+            arr = None if isinstance(col.dtype, pd.DatetimeTZDtype) else col.to_numpy()
+            # the batch's largest time, converted alone (not the whole column)
+            top = int(to_ns(arr.max(keepdims=True) if arr is not None and arr.dtype.kind in "Miu" else col,
+                            self.unit, self.what).max())
             s = self.current
             self.top[s] = max(self.top.get(s, MIN_TIME), top)
         self.last[self.current] = time.time()
