@@ -45,14 +45,7 @@ def runs(src: str, args: list[str], module: str = "benchmarks.jobs") -> list[dic
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-MIGRATION = ["first_record_ms", "switch_ms", "first_after_switch_ms", "max_latency_ms", "p99_during_ms",
-             "migration_s"]
-
-
-def _figures(run: dict) -> dict:
-    """One run's figures; ``first_after_switch_ms`` is the first moved record applied after
-    every router switched, free of the plan's phase against the sources' batch clock."""
-    return dict(run, first_after_switch_ms=run["first_record_ms"] - run["switch_ms"])
+MIGRATION = ["first_record_ms", "switch_ms", "max_latency_ms", "p99_during_ms", "migration_s"]
 
 
 def migration(trees: dict, a) -> None:
@@ -65,7 +58,7 @@ def migration(trees: dict, a) -> None:
         fig = {}
         for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
             got = runs(trees[name], args, "benchmarks.migration")
-            fig[name] = {k: statistics.median(_figures(x)[k] for x in got) for k in MIGRATION}
+            fig[name] = {k: statistics.median(x[k] for x in got) for k in MIGRATION}
             print(f"round {r + 1}/{a.rounds} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in fig[name].items()),
                   flush=True)
         for k in MIGRATION:
