@@ -29,6 +29,37 @@ def test_select_prunes_the_read_and_the_output_is_exact(two_workers, disordered,
                                   want.sort_values(["key", "value"]).reset_index(drop=True))
 
 
+def _write_into(df):
+    df["value"] += 1000.0               # in place, into the selected frame
+    df.loc[df.index[:3], "key"] = -1
+    return df
+
+
+@pytest.mark.parametrize("other", ["map", "select"])
+def test_a_step_writing_into_selected_columns_leaves_the_batch_as_it_was(two_workers, disordered,
+                                                                        disordered_frame, other):
+    """``select`` passes its columns on uncopied; a step that writes into them must not
+    change the batch another branch of the same source reads (copy-on-write). ``other``:
+    the other branch without ``select`` (the source reads every column, so the selected
+    ones go on in a new frame), or with the same one (the batch holds exactly them)."""
+    src = Stream.from_parquet(disordered, batch_size=5000)
+    written, plain = [], []
+    src.select(["key", "value"]).map(_write_into).sink(written.append)      # runs first
+    if other == "map":
+        src.map(lambda df: df[["key", "value"]]).sink(plain.append)
+    else:
+        src.select(["key", "value"]).sink(plain.append)
+        assert _plan(src).stages[0].columns == ["key", "value"]
+    with streamlb.run(src, client=two_workers) as job:
+        job.wait()
+    got = pd.concat(plain, ignore_index=True)
+    want = disordered_frame[["key", "value"]]
+    pd.testing.assert_frame_equal(got.sort_values(["key", "value"]).reset_index(drop=True),
+                                  want.sort_values(["key", "value"]).reset_index(drop=True))
+    changed = pd.concat(written, ignore_index=True)
+    assert changed.value.sum() == pytest.approx(want.value.sum() + 1000.0 * len(want))
+
+
 def test_a_consumer_without_select_reads_every_column(disordered):
     src = Stream.from_parquet(disordered)
     src.select(["key"]).sink(print)

@@ -12,6 +12,10 @@ from ..exceptions import SchemaError, UserFunctionError
 from ..planner import Step
 from ._sinks import Sinks
 
+# pandas copies a shared column when a step writes into it (always from pandas 3): select
+# may pass columns on without copying them
+_COW = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
+
 
 class DeadLetters:
     """Records set aside instead of failing the job, with the reason, until the driver
@@ -99,12 +103,14 @@ class StepRunner:
             raise SchemaError(f"operator {self.operator!r}: select({cols}) takes DataFrame batches, got "
                               f"{type(x).__name__}")
         if len(have) == len(cols) and all(a == b for a, b in zip(have, cols)):
-            return x        # the source read only these (select pushed down): nothing to copy
+            # the source read only these (select pushed down): nothing to copy; a new frame
+            # all the same, so a step writing into it leaves the batch as other branches see it
+            return x.copy(deep=not _COW) if isinstance(x, pd.DataFrame) else x
         missing = [c for c in cols if c not in have]
         if missing:
             raise SchemaError(f"operator {self.operator!r}: select({cols}): column {missing[0]!r} is not in the "
                               f"batch; its columns: {', '.join(map(str, have))}")
-        if cols and isinstance(x, pd.DataFrame) and have.is_unique and len(set(cols)) == len(cols):
+        if _COW and isinstance(x, pd.DataFrame) and have.is_unique and len(set(cols)) == len(cols):
             # the columns as they are, no copy (copy-on-write keeps the batch as it was if
             # a step writes into them): half of ``x[cols]``'s time, which builds an index
             return pd.DataFrame({c: x[c] for c in cols}, copy=False)
