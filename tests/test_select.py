@@ -36,8 +36,8 @@ def _write_into(df):
 
 
 @pytest.mark.parametrize("other", ["map", "select"])
-def test_a_step_writing_into_selected_columns_leaves_the_batch_as_it_was(two_workers, disordered,
-                                                                        disordered_frame, other):
+def test_a_step_writing_into_selected_columns_leaves_the_batch_as_it_was(
+        two_workers, disordered, disordered_frame, other):
     """``select`` passes its columns on uncopied; a step that writes into them must not
     change the batch another branch of the same source reads (copy-on-write). ``other``:
     the other branch without ``select`` (the source reads every column, so the selected
