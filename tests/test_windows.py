@@ -311,3 +311,31 @@ def test_bad_event_times_and_values_go_to_dead_letters(two_workers):
     assert sorted(dead.reason) == ["column 'value' holds 'x', not a number", "event time 'event_time' is null"]
     got = pd.concat(out, ignore_index=True).sort_values(["key", "window_start"])
     assert got[["key", "n", "total"]].values.tolist() == [[1, 1, 1], [1, 1, 5], [2, 1, 4]]
+
+
+@pytest.mark.parametrize("keys", ["int", "str"])
+def test_merging_pane_partials_equals_pandas_groupby(keys):
+    """A hopping window merges its panes' raw partials in numpy: the same frame as pandas'
+    ``groupby(level=0, sort=False)`` (keys in order of first appearance, NaN skipped, dtypes
+    kept), over random panes of overlapping keys."""
+    from streamlb._state._window_panes import merge_partials
+
+    rng = np.random.default_rng(7)
+    raw = {"count:v": ("v", "count"), "sum:v": ("v", "sum"), "min:v": ("v", "min"), "max:v": ("v", "max"),
+           "count:w": ("w", "count"), "sum:w": ("w", "sum"), "min:w": ("w", "min")}
+    for _ in range(100):
+        frames = []
+        for _ in range(int(rng.integers(2, 6))):
+            n = int(rng.integers(0, 40))
+            k = rng.choice(60, n, replace=False)
+            index = pd.Index(k if keys == "int" else [f"user-{x}" for x in k], name="key")
+            f = pd.DataFrame({"count:v": rng.integers(0, 5, n), "sum:v": rng.normal(size=n),
+                              "min:v": rng.normal(size=n), "max:v": rng.normal(size=n),
+                              "count:w": rng.integers(0, 5, n), "sum:w": rng.integers(-100, 100, n),
+                              "min:w": rng.integers(-100, 100, n)}, index=index)
+            for c in ("sum:v", "min:v", "max:v"):
+                f.loc[rng.random(n) < 0.2, c] = np.nan
+            frames.append(f)
+        want = pd.concat(frames).groupby(level=0, sort=False).agg(
+            {name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in raw.items()})
+        pd.testing.assert_frame_equal(merge_partials(frames, raw), want)
