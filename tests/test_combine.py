@@ -123,6 +123,46 @@ def test_a_job_is_exact_and_counts_every_record(two_workers, tmp_path, combine):
     assert hashed < len(df) // 4 if combine else hashed == len(df)
 
 
+def test_a_full_speed_parquet_source_takes_batches_within_a_row_cap_and_a_byte_budget(tmp_path):
+    """Read at full speed by anything but aggregates alone: full-speed-batch-size rows at
+    most, and no more than full-speed-batch-bytes of decoded columns (wide string rows
+    take fewer); paced or chosen batches as before; a bad setting named."""
+    import dask
+
+    from streamlb._plan_checks import bytes_per_row
+    from streamlb.exceptions import PipelineError
+    from streamlb.planner import pace_batches, plan
+
+    narrow, wide = tmp_path / "narrow.parquet", tmp_path / "wide.parquet"
+    _frame(1_000, seed=1).to_parquet(narrow)
+    rng = np.random.default_rng(2)
+    texts = ["x" * int(n) for n in rng.integers(120, 180, 1_000)]        # dictionary-encoded in the file
+    pd.DataFrame({"key": np.arange(1_000), "text": texts}).to_parquet(wide)
+
+    def batch_size(path, select=None, **kw) -> int:
+        src = Stream.from_parquet(str(path), **kw)
+        (src.select(select) if select else src).map(len).sink(print)
+        p = plan(src, workers=2, key_groups=64, batch_size=65_536)
+        pace_batches(p, 1.0)
+        return p.stages[0].batch_size
+
+    assert 24 <= bytes_per_row([str(narrow)], None) <= 26                # key, v, i: 8 each; b: bits
+    assert batch_size(narrow) == 262_144                                # the row cap
+    per = bytes_per_row([str(wide)], None)
+    assert 8 + 120 < per < 8 + 180 + 16                                 # the strings decoded
+    assert 65_536 < batch_size(wide) == int((16 << 20) // per) < 262_144  # the byte budget: fewer rows
+    assert batch_size(wide, select=["key"]) == 262_144                  # only the column read counts
+    assert batch_size(narrow, rate=100_000) < 65_536                    # paced: smaller
+    assert batch_size(narrow, batch_size=1_000) == 1_000                # the user's choice
+    with dask.config.set({"streamlb.full-speed-batch-size": 1_000, "streamlb.full-speed-batch-bytes": "1MiB"}):
+        assert batch_size(narrow) == 65_536                             # never below batch-size
+        assert batch_size(wide) == 65_536
+    with dask.config.set({"streamlb.full-speed-batch-bytes": "lots"}):
+        with pytest.raises(PipelineError, match=r"streamlb.full-speed-batch-size and full-speed-batch-bytes: must "
+                                                r"be .*got 262144 and 'lots'"):
+            batch_size(narrow)
+
+
 def test_a_source_read_by_aggregates_alone_at_full_speed_takes_larger_batches(tmp_path):
     from streamlb.planner import pace_batches, plan
 
@@ -146,10 +186,11 @@ def test_a_source_read_by_aggregates_alone_at_full_speed_takes_larger_batches(tm
     assert batch_size(agg) == 524_288
     assert batch_size(agg, batch_size=1_000) == 1_000               # the user's choice
     assert batch_size(agg, rate=100_000) < 65_536                   # paced: smaller
-    assert batch_size(agg_and_map) == 65_536                        # a map sees the rows
-    assert batch_size(lambda s: s.key_by("key").aggregate(SPEC, cost=1e-6)) == 65_536
+    # a map sees the rows: any full-speed Parquet read's batch, full-speed-batch-size
+    assert batch_size(agg_and_map) == 262_144
+    assert batch_size(lambda s: s.key_by("key").aggregate(SPEC, cost=1e-6)) == 262_144
     with dask.config.set({"streamlb.exchange.combine": False}):
-        assert batch_size(agg) == 65_536
+        assert batch_size(agg) == 262_144                           # not summed: as any other read
 
 
 # -- into a window: combined per key and pane ---------------------------------------------------
