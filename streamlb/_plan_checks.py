@@ -146,7 +146,10 @@ def bytes_per_row(files: list[str], columns: list[str] | None) -> float:
 
     if not files:
         return 1.0
-    first = next(pq.ParquetFile(files[0]).iter_batches(batch_size=1024, columns=columns), None)
+    pf = pq.ParquetFile(files[0])
+    if columns is not None:     # a partition column (``part=0/``) is not in the file
+        columns = [c for c in columns if c in pf.schema_arrow.names]
+    first = next(pf.iter_batches(batch_size=1024, columns=columns), None)
     if first is None or not first.num_rows:
         return 1.0
     return max(first.nbytes / first.num_rows, 1.0)
