@@ -292,6 +292,7 @@ def test_fluid_epochs_take_at_least_a_step_and_more_while_within_the_key_budget(
     assert [len(e) for e in parts] == [5, 5]        # 0-4 fit the budget, 5 does not; then 5-9
     assert [len(e) for e in _fluid_epochs(moving, 4, small, 0)] == [4, 4, 2]
     assert _fluid_epochs([], 4, {}, 65_536) == []
+    assert [len(e) for e in _fluid_epochs(moving, 4, {}, 0)] == [4, 4, 2]   # fluid-keys 0: nothing counted
 
 
 def test_lazy_drain_chunks_take_at_least_a_step_and_more_while_within_lazy_keys():

@@ -11,11 +11,17 @@ import numpy as np
 def budget_chunks(items: list, step: int, size, budget: int) -> list[list]:
     """Cut ``items`` in order into chunks of at least ``step`` items, each taking more while
     the sizes (``size(item)``, keys held) it adds up stay within ``budget``: small key groups
-    move together rather than a round (or a scan of the state) apiece.
+    move together rather than a round (or a scan of the state) apiece. A ``budget`` of 0
+    (or less) leaves ``step`` items a chunk, and ``size`` is not called.
 
     >>> budget_chunks([1, 2, 3, 4, 5], 2, lambda g: {3: 9}.get(g, 1), 4)
     [[1, 2], [3, 4], [5]]
+    >>> budget_chunks([1, 2, 3, 4, 5], 2, None, 0)
+    [[1, 2], [3, 4], [5]]
     """
+    step = max(1, int(step))
+    if budget <= 0:
+        return [items[i:i + step] for i in range(0, len(items), step)]
     chunks: list[list] = []
     cur: list = []
     held = 0

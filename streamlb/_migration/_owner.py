@@ -209,11 +209,10 @@ class OwnerSide:
 
     def _lazy_chunks(self, groups: list[int]) -> list[list[int]]:
         """The lazy drain's chunks of ``groups`` (see :meth:`_drain_lazy`)."""
-        step = max(1, int(self.lazy_step))
-        if self.lazy_keys <= 0 or len(groups) <= step:
-            return [groups[i:i + step] for i in range(0, len(groups), step)]
+        if self.lazy_keys <= 0 or len(groups) <= self.lazy_step:     # nothing to count
+            return budget_chunks(groups, self.lazy_step, None, 0)
         held = dict(zip(groups, self.store.keys_per_group(groups).tolist()))
-        return budget_chunks(groups, step, held.__getitem__, self.lazy_keys)
+        return budget_chunks(groups, self.lazy_step, held.__getitem__, self.lazy_keys)
 
     # -- new owner: hold, install, release ------------------------------------------------------
     def admit(self, frame, groups, emitted: float, fut, router: int, need: LazyNeed | None):

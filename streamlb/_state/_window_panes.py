@@ -122,9 +122,8 @@ def merge_partials(frames: list[pd.DataFrame], raw: dict[str, tuple[str, str]]) 
     ``min``, ``max`` gives them). In numpy, by sorting the keys' codes once: a window of a
     hopping aggregate merges its panes at every slide, and pandas' per-column groupby was
     most of a firing's time (NEXMark q5)."""
-    keys = np.concatenate([f.index.to_numpy() for f in frames])
-    codes, uniques = pd.factorize(keys)
     numeric = all(isinstance(f[c].dtype, np.dtype) and f[c].dtype.kind in "iuf" for f in frames for c in raw)
+    codes, uniques = pd.factorize(np.concatenate([f.index.to_numpy() for f in frames])) if numeric else (None, None)
     if not numeric or (len(codes) and codes.min() < 0):     # other types, or null keys: pandas
         return pd.concat(frames).groupby(level=0, sort=False).agg(
             {name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in raw.items()})

@@ -110,7 +110,7 @@ class StepRunner:
         if missing:
             raise SchemaError(f"operator {self.operator!r}: select({cols}): column {missing[0]!r} is not in the "
                               f"batch; its columns: {', '.join(map(str, have))}")
-        if _COW and isinstance(x, pd.DataFrame) and have.is_unique and len(set(cols)) == len(cols):
+        if _COW and isinstance(x, pd.DataFrame) and have.is_unique:     # (the planner refuses repeated columns)
             # the columns as they are, no copy (copy-on-write keeps the batch as it was if
             # a step writes into them): half of ``x[cols]``'s time, which builds an index
             return pd.DataFrame({c: x[c] for c in cols}, copy=False)
