@@ -42,10 +42,12 @@ def _connect(options: RunOptions):
 
     address, n_workers = options.address, options.n_workers
     if address is None:
+        from .._worker._quiet_close import QuietClose
+
         with workers_ignore_ctrl_c():
             cluster = LocalCluster(
                 n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
-                processes=True, dashboard_address=":0", silence_logs=logging.ERROR,
+                processes=True, dashboard_address=":0", silence_logs=logging.ERROR, plugins={QuietClose()},
             )
         return Client(cluster), cluster
     timeout = options.connect_timeout
