@@ -413,6 +413,15 @@ class AggregateState(StateStore):
             return self.shards[0].frame()
         return parts[0] if len(parts) == 1 else pd.concat(parts)
 
+    def arrays(self) -> tuple[np.ndarray, dict]:
+        """:meth:`frame` as ``(keys, {aggregate: values})``, no frame built (a hopping
+        window merges its panes' partials at every slide)."""
+        parts = [sh.arrays() for sh in self.shards if sh.index.n] or [self.shards[0].arrays()]
+        if len(parts) == 1:
+            return parts[0]
+        return (np.concatenate([k for k, _ in parts]),
+                {c: np.concatenate([v[c] for _, v in parts]) for c in parts[0][1]})
+
     def frame_of_groups(self, groups) -> pd.DataFrame:
         """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
         return frame_of_blob(self, self._blob([sh.part(sh.slots_of(gs)) for sh, gs in self._groups_by_shard(groups)]))

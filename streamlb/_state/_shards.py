@@ -296,12 +296,17 @@ class _AggShard:
         return out
 
     def frame(self, slots: np.ndarray | None = None) -> pd.DataFrame:
+        keys, values = self.arrays(slots)
+        return pd.DataFrame(values, index=pd.Index(keys, name=self.o.key_name))
+
+    def arrays(self, slots: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """What :meth:`frame` holds, as ``(keys, {aggregate: values})`` (no frame built)."""
         n = self.index.n
         sel = np.flatnonzero(self.present[:n]) if slots is None else slots
         keys = self.index.keys[sel] if self.index.keys is not None else np.empty(0, np.int64)
         wanted = {(how if how in ("min", "max") else "sum", c) for c, how in self.o.spec.values()}
         tables = {t: a[sel] for t, a in self.columns().items() if t[0] == "cnt" or t in wanted}
-        return frame_of(self.o.spec, self.o.dtypes, self.o.key_name, keys, tables)
+        return keys, values_of(self.o.spec, self.o.dtypes, len(keys), tables)
 
 
 def merge_into(table: str, target: np.ndarray, at: np.ndarray, vals: np.ndarray) -> None:
@@ -318,10 +323,15 @@ def merge_into(table: str, target: np.ndarray, at: np.ndarray, vals: np.ndarray)
 def frame_of(spec: dict, dtypes: dict, key_name: str, keys: np.ndarray, tables: dict) -> pd.DataFrame:
     """The aggregates ``spec`` names, indexed by key, from the state tables of ``keys``
     (``(table, column)`` -> one value per key; a column not seen yet counts nothing)."""
+    return pd.DataFrame(values_of(spec, dtypes, len(keys), tables), index=pd.Index(keys, name=key_name))
+
+
+def values_of(spec: dict, dtypes: dict, n: int, tables: dict) -> dict:
+    """The columns of :func:`frame_of`, for ``n`` keys."""
     out = {}
     for name, (c, how) in spec.items():
         if c not in dtypes or ("cnt", c) not in tables:
-            out[name] = np.zeros(len(keys), np.int64 if how == "count" else np.float64)
+            out[name] = np.zeros(n, np.int64 if how == "count" else np.float64)
             continue
         cnt = tables[("cnt", c)]
         if how == "count":
@@ -334,4 +344,4 @@ def frame_of(spec: dict, dtypes: dict, key_name: str, keys: np.ndarray, tables: 
         else:
             v = tables[(how, c)]
             out[name] = np.where(cnt > 0, v, np.nan) if (cnt == 0).any() else v
-    return pd.DataFrame(out, index=pd.Index(keys, name=key_name))
+    return out

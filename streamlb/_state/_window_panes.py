@@ -115,28 +115,30 @@ class PaneClock:
 _REDUCE = {"count": np.add, "sum": np.add, "min": np.fmin, "max": np.fmax}
 
 
-def merge_partials(frames: list[pd.DataFrame], raw: dict[str, tuple[str, str]]) -> pd.DataFrame:
-    """Raw partials of several panes (indexed by key; ``raw``: column -> (input, how))
-    merged per key, keys in order of first appearance: counts and sums add, minima and
-    maxima take the extreme, NaN skipped (as ``groupby(level=0, sort=False)`` with ``sum``,
-    ``min``, ``max`` gives them). In numpy, by sorting the keys' codes once: a window of a
-    hopping aggregate merges its panes at every slide, and pandas' per-column groupby was
-    most of a firing's time (NEXMark q5)."""
-    numeric = all(isinstance(f[c].dtype, np.dtype) and f[c].dtype.kind in "iuf" for f in frames for c in raw)
-    codes, uniques = pd.factorize(np.concatenate([f.index.to_numpy() for f in frames])) if numeric else (None, None)
+def merge_partials(parts: list[tuple], raw: dict[str, tuple[str, str]]) -> tuple[np.ndarray, dict]:
+    """Raw partials of several panes (each ``(keys, {column: values})``; ``raw``: column ->
+    (input, how)) merged per key, keys in order of first appearance: counts and sums add,
+    minima and maxima take the extreme, NaN skipped (as ``groupby(level=0, sort=False)``
+    with ``sum``, ``min``, ``max`` gives them). In numpy, by sorting the keys' codes once,
+    and on arrays rather than frames: a window of a hopping aggregate merges its panes at
+    every slide, and pandas' per-column groupby, then building the frames, was most of a
+    firing's time (NEXMark q5)."""
+    numeric = all(isinstance(v[c].dtype, np.dtype) and v[c].dtype.kind in "iuf" for _, v in parts for c in raw)
+    codes, uniques = pd.factorize(np.concatenate([k for k, _ in parts])) if numeric else (None, None)
     if not numeric or (len(codes) and codes.min() < 0):     # other types, or null keys: pandas
-        return pd.concat(frames).groupby(level=0, sort=False).agg(
-            {name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in raw.items()})
+        merged = pd.concat([pd.DataFrame(v, index=pd.Index(k)) for k, v in parts]).groupby(
+            level=0, sort=False).agg({name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in raw.items()})
+        return merged.index.to_numpy(), {c: merged[c].to_numpy() for c in raw}
     order = np.argsort(codes, kind="stable")
     ranked = codes[order]
     starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(ranked) else np.zeros(0, np.intp)
     out = {}
     for name, (_, how) in raw.items():
-        vals = np.concatenate([f[name].to_numpy() for f in frames])[order]
+        vals = np.concatenate([v[name] for _, v in parts])[order]
         if how in ("count", "sum") and vals.dtype.kind == "f":
             vals = np.nan_to_num(vals, nan=0.0)
         out[name] = _REDUCE[how].reduceat(vals, starts) if len(vals) else vals
-    return pd.DataFrame(out, index=pd.Index(uniques, name=frames[0].index.name))
+    return np.asarray(uniques), out
 
 
 class PaneWindowState(PaneClock, WindowState):
@@ -215,19 +217,20 @@ class PaneWindowState(PaneClock, WindowState):
         if not parts:
             return None
         if len(parts) == 1:
-            raw = parts[0].frame()
+            at, raw = parts[0].arrays()
         else:
-            raw = merge_partials([st.frame() for st in parts], self.raw)
+            at, raw = merge_partials([st.arrays() for st in parts], self.raw)
         values = self._outputs(raw)
         if keys is not None:
-            values = values[values.index.isin(keys)]
-        if not len(values):
+            mine = pd.Index(at).isin(keys)
+            at, values = at[mine], {c: v[mine] for c, v in values.items()}
+        if not len(at):
             return None
         tt = self.time_type
-        head = {self.key_name: values.index.to_numpy(),
-                "window_start": from_ns(np.full(len(values), start, np.int64), tt),
-                "window_end": from_ns(np.full(len(values), end, np.int64), tt)}
-        return pd.DataFrame({**head, **{c: values[c].to_numpy() for c in self.spec}})
+        head = {self.key_name: at,
+                "window_start": from_ns(np.full(len(at), start, np.int64), tt),
+                "window_end": from_ns(np.full(len(at), end, np.int64), tt)}
+        return pd.DataFrame({**head, **values})
 
     def clean(self, frame: pd.DataFrame):
         """As the keyed aggregate's: values of summed columns that are not numbers are bad
@@ -239,19 +242,19 @@ class PaneWindowState(PaneClock, WindowState):
     def _new_state(self) -> AggregateState:
         return AggregateState(self.operator, self.raw, self.key_name, self.groups)
 
-    def _outputs(self, raw: pd.DataFrame) -> pd.DataFrame:
-        """The spec's outputs from raw partials (indexed by key)."""
+    def _outputs(self, raw: dict) -> dict:
+        """The spec's outputs from raw partials (one array each, in the keys' order)."""
         out = {}
         for name, (c, how) in self.spec.items():
-            cnt = raw[f"count:{c}"].to_numpy()
+            cnt = raw[f"count:{c}"]
             if how == "count":
                 out[name] = cnt.astype(np.int64)
             elif how == "mean":
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    out[name] = raw[f"sum:{c}"].to_numpy() / np.where(cnt == 0, np.nan, cnt)
+                    out[name] = raw[f"sum:{c}"] / np.where(cnt == 0, np.nan, cnt)
             else:
-                out[name] = raw[f"{how}:{c}"].to_numpy()
-        return pd.DataFrame(out, index=raw.index)
+                out[name] = raw[f"{how}:{c}"]
+        return out
 
     # -- split keys ---------------------------------------------------------------------------
     def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
