@@ -127,7 +127,8 @@ def merge_partials(parts: list[tuple], raw: dict[str, tuple[str, str]]) -> tuple
     codes, uniques = pd.factorize(np.concatenate([k for k, _ in parts])) if numeric else (None, None)
     if not numeric or (len(codes) and codes.min() < 0):     # other types, or null keys: pandas
         hows = {name: ("sum" if how in ("count", "sum") else how) for name, (_, how) in raw.items()}
-        merged = pd.concat([pd.DataFrame(v, index=pd.Index(k)) for k, v in parts]).groupby(level=0, sort=False).agg(hows)
+        frames = [pd.DataFrame(v, index=pd.Index(k)) for k, v in parts]
+        merged = pd.concat(frames).groupby(level=0, sort=False).agg(hows)
         return merged.index.to_numpy(), {c: merged[c].to_numpy() for c in raw}
     order = np.argsort(codes, kind="stable")
     ranked = codes[order]
