@@ -81,6 +81,41 @@ def test_aggregate_equals_pandas(client, zipf_path, zipf_frame):
         assert streamlb.latency.quantile(h, 0.99) == pytest.approx(p99, rel=0.2, abs=0.25)
 
 
+def _proxied(dask_scheduler) -> int:
+    """Calls the scheduler relayed to a worker (``Scheduler.proxy``) since the first ask."""
+    relay = dask_scheduler.handlers["proxy"]
+    if not hasattr(relay, "calls"):
+        async def counted(*args, **kwargs):
+            counted.calls += 1
+            return await relay(*args, **kwargs)
+
+        counted.calls = 0
+        dask_scheduler.handlers["proxy"] = counted
+    return dask_scheduler.handlers["proxy"].calls
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_driver_calls_instances_directly_or_through_the_scheduler(client, zipf_path, zipf_frame, direct):
+    """``streamlb.direct-calls`` (default true): the driver's polls, wiring and state reads
+    reach the instances' workers through the client's own connections; false: through the
+    scheduler, as Dask's actor handles do. Exact either way."""
+    import dask
+
+    before = client.run_on_scheduler(_proxied)
+    with dask.config.set({"streamlb.direct-calls": direct}):
+        src = Stream.from_parquet(zipf_path, batch_size=50_000)
+        src.key_by("key").aggregate(SPEC, name="totals")
+        with streamlb.run(src, client=client) as job:
+            job.wait(timeout=120)
+            check_aggregate(job.state("totals"), zipf_frame)
+            kinds = {type(a).__name__ for a in job.actors.values()}
+    relayed = client.run_on_scheduler(_proxied) - before
+    if direct:
+        assert kinds == {"DirectActor"} and relayed == 0
+    else:
+        assert kinds == {"Actor"} and relayed > 0
+
+
 def test_stateful_map_running_count_keeps_per_key_order(client, zipf_path, zipf_frame):
     src = Stream.from_parquet(zipf_path, batch_size=25_000)
     out = src.key_by("key").stateful_map(running_count, parallelism=3, name="running").sink_to_list()
