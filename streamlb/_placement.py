@@ -44,8 +44,8 @@ def bound_actors(futures: dict, client) -> dict:
     # one gather for all (each ``result()`` was a round trip of its own, through the scheduler)
     handles = client.gather(list(futures.values()), direct=True if direct else None)
     for (k, f), actor in zip(futures.items(), handles):
-        if direct:
-            actor = direct_actor_class()(actor._cls, actor._address, actor.key)
+        if direct:      # the same handle, its calls sent directly (no second Future made)
+            actor.__class__ = direct_actor_class()
         if direct or getattr(actor, "_client", client) is not client:
             actor._client = client
             actor._future = f
