@@ -62,8 +62,8 @@ def direct_actor_class() -> type:
         """A Dask actor whose calls from the driver go straight to its worker, through the
         client's connection pool. Dask's own handle sends them through the scheduler
         (``Scheduler.proxy``) unless the client was made with ``direct_to_workers=True``:
-        twice the hops for every poll, and the scheduler's loop busy relaying them (about
-        half its CPU in a short job). Pickled, it is a plain ``Actor`` again."""
+        twice the hops for every poll, wiring and start, each relayed by the scheduler's
+        event loop. Pickled, it is a plain ``Actor`` again."""
 
         @property
         def _worker_rpc(self):
