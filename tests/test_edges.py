@@ -204,7 +204,7 @@ def test_ctrl_c_during_wait_stops_the_job_and_removes_outputs(tmp_path, paced_lo
 
 def test_embedded_workers_drop_only_the_heartbeat_error_of_their_own_close(tmp_path):
     """A worker closing under an in-flight heartbeat logs it broken (distributed's own race;
-    it failed the Ctrl-C test above once in some hundred runs): the embedded cluster's
+    it failed the Ctrl-C test above once in CI): the embedded cluster's
     workers drop that record while they close, and keep it, and every other, otherwise."""
     prog = _program(tmp_path, """
         import logging
