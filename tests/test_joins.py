@@ -61,14 +61,27 @@ def _same(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 
 def _interval(L, R, lo, hi, how="inner"):
-    m = L.reset_index().merge(R.reset_index(), on="k")
-    m = m[(m.t_x + lo <= m.t_y) & (m.t_y <= m.t_x + hi)]
+    """What the interval join should give, by numpy: every (l, r) of one key with
+    ``l.t + lo <= r.t <= l.t + hi``, found by binary search in R sorted by (k, t) (a
+    merge on k then a filter built 12M hot-key pairs to keep 1.5% of them)."""
+    base = min(L.t.min(), R.t.min()) - abs(lo) - abs(hi)
+    span = (max(L.t.max(), R.t.max()) - base + abs(lo) + abs(hi)).value + 1
+    key_t = lambda k, t: k.astype(np.int64) * span + (t - base).to_numpy().astype("timedelta64[ns]").astype(np.int64)  # noqa: E731
+    order = np.lexsort((R.t.to_numpy(), R.k.to_numpy()))
+    r_sorted = key_t(R.k.iloc[order], R.t.iloc[order])
+    first = np.searchsorted(r_sorted, key_t(L.k, L.t + lo), side="left")
+    end = np.searchsorted(r_sorted, key_t(L.k, L.t + hi), side="right")
+    counts = end - first
+    li = np.repeat(np.arange(len(L)), counts)
+    ri = order[np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)]
+    m = pd.DataFrame({"k": L.k.to_numpy()[li], "v_x": L.v.to_numpy()[li], "t_x": L.t.to_numpy()[li],
+                      "v_y": R.v.to_numpy()[ri], "t_y": R.t.to_numpy()[ri]})
     parts = [m]
     if how in ("left", "outer"):
-        parts.append(L[~L.index.isin(m.index_x)].rename(columns={"v": "v_x", "t": "t_x"}))
+        parts.append(L[counts == 0].rename(columns={"v": "v_x", "t": "t_x"}))
     if how in ("right", "outer"):
-        parts.append(R[~R.index.isin(m.index_y)].rename(columns={"v": "v_y", "t": "t_y"}))
-    return pd.concat(parts, ignore_index=True).drop(columns=["index_x", "index_y"])
+        parts.append(R[~np.isin(np.arange(len(R)), ri)].rename(columns={"v": "v_y", "t": "t_y"}))
+    return pd.concat(parts, ignore_index=True)
 
 
 @pytest.mark.parametrize("how", ["inner", "left", "right", "outer"])
