@@ -66,7 +66,10 @@ def _interval(L, R, lo, hi, how="inner"):
     merge on k then a filter built 12M hot-key pairs to keep 1.5% of them)."""
     base = min(L.t.min(), R.t.min()) - abs(lo) - abs(hi)
     span = (max(L.t.max(), R.t.max()) - base + abs(lo) + abs(hi)).value + 1
-    key_t = lambda k, t: k.astype(np.int64) * span + (t - base).to_numpy().astype("timedelta64[ns]").astype(np.int64)  # noqa: E731
+
+    def key_t(k, t):        # (key, time) as one int64 that sorts as the pair does
+        return k.astype(np.int64) * span + (t - base).to_numpy().astype("timedelta64[ns]").astype(np.int64)
+
     order = np.lexsort((R.t.to_numpy(), R.k.to_numpy()))
     r_sorted = key_t(R.k.iloc[order], R.t.iloc[order])
     first = np.searchsorted(r_sorted, key_t(L.k, L.t + lo), side="left")
