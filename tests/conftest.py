@@ -193,15 +193,18 @@ def dask_cli_cluster(scheduler_args=(), env=None, workers=2, tls=None):
             c.wait_for_workers(workers, timeout=60)
         yield address
     finally:
-        for p in procs[::-1]:
-            p.terminate()
-        deadline = time.time() + 10
-        for p in procs:
-            try:
-                p.wait(timeout=max(deadline - time.time(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        # the workers first, while their scheduler is there to see them go: a worker whose
+        # scheduler went first is killed by its nanny only after 8 s
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                p.terminate()
+            deadline = time.time() + 10
+            for p in group:
+                try:
+                    p.wait(timeout=max(deadline - time.time(), 0.1))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
