@@ -75,7 +75,9 @@ def check_exact(job, frame, outs, out):
     pd.testing.assert_series_equal(by_key.nunique(), want, check_names=False)
     pd.testing.assert_series_equal(by_key.max(), want, check_names=False)
     vals = pd.DataFrame({"key": got["key"].to_numpy(), "value": got["output"].map(lambda o: o[1]).to_numpy()})
-    assert sorted(map(tuple, vals.to_numpy().tolist())) == sorted(map(tuple, frame[["key", "value"]].to_numpy().tolist()))
+    # the same (key, value) pairs as the input, as multisets: both sorted, then compared
+    ordered = lambda df: df.sort_values(["key", "value"], kind="stable").to_numpy()     # noqa: E731
+    np.testing.assert_array_equal(ordered(vals), ordered(frame[["key", "value"]]))
     written = pd.read_parquet(out)
     assert len(written) == len(frame) and written["rid"].is_unique
     assert set(written["rid"]) == set(frame["rid"])
