@@ -225,7 +225,20 @@ def test_embedded_workers_drop_only_the_heartbeat_error_of_their_own_close(tmp_p
             finally:
                 dask_worker.status = before
                 log.removeHandler(handler)
-            return seen
+            core = logging.getLogger("distributed.core")
+            calls = logging.Handler()
+            calls.emit = lambda record: seen.append(("call", str(record.exc_info[1].args[0])))
+            core.addHandler(calls)
+            held = next(iter(dask_worker.state.actors), "")
+            try:        # calls that came for a freed streamlb actor, a held one, another actor
+                for key in ("streamlb-gone-0-1", held, "other-actor"):
+                    try:
+                        raise KeyError(key)
+                    except KeyError:
+                        core.exception("Exception while handling op actor_execute")
+            finally:
+                core.removeHandler(calls)
+            return seen, held
 
         src = Stream.from_iterable(frames)
         src.key_by("key").aggregate({"n": ("value", "count")}, name="counts")
@@ -237,10 +250,14 @@ def test_embedded_workers_drop_only_the_heartbeat_error_of_their_own_close(tmp_p
     """)
     out = _run(prog)
     assert out.returncode == 0, out.stderr[-4000:]
-    seen = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("SEEN "))[5:])
+    seen, held = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("SEEN "))[5:])
+    assert held.startswith("streamlb-"), held       # the finished job's instance, still held
+    # dropped: the heartbeat while closing, and the call for a streamlb actor the worker no
+    # longer holds; kept: the rest
     assert seen == [["running", "Failed to communicate with scheduler during heartbeat."],
                     ["running", "Worker stream died during communication: x"],
-                    ["closing", "Worker stream died during communication: x"]]
+                    ["closing", "Worker stream died during communication: x"],
+                    ["call", held], ["call", "other-actor"]]
 
 
 def test_a_held_finished_job_lets_the_cluster_scale_down_and_close(tmp_path):
