@@ -14,7 +14,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.py")))
-#: started first, and apart: the two that start PySpark's JVM
+#: started first, in this order: the two that start PySpark's JVM (reading_imbalance,
+#: zipf_aggregate) kept apart by two long ones; the rest after, by name
 FIRST = ("reading_imbalance.py", "rescale.py", "checkpoint_restore.py", "zipf_aggregate.py")
 TIMEOUT = 240
 
