@@ -27,9 +27,11 @@ def _run(path: str, workdir: str, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def started(request, tmp_path_factory):
-    """Each example's run (a future), two at a time."""
-    order = sorted(EXAMPLES, key=lambda p: (FIRST.index(os.path.basename(p)) if os.path.basename(p) in FIRST
-                                            else len(FIRST), p))
+    """Each selected example's run (a future), two at a time."""
+    chosen = {item.callspec.params["path"] for item in request.session.items
+              if item.originalname == "test_example_runs" and hasattr(item, "callspec")}
+    order = sorted(chosen, key=lambda p: (FIRST.index(os.path.basename(p)) if os.path.basename(p) in FIRST
+                                          else len(FIRST), p))
     pool = ThreadPoolExecutor(2)
     runs = {}
     for path in order:
