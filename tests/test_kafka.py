@@ -361,7 +361,7 @@ def test_two_million_records_exactly_once_across_a_sigkilled_worker(kafka, tmp_p
     src_topic = kafka.create_topic(topic_name("bigkill"), partitions=4)
     out_topic = kafka.create_topic(topic_name("bigkillout"), partitions=4)
     df = _records(2_000_000, seed=23)
-    kafka.produce(src_topic, _json_values(df), partition=[i % 4 for i in range(len(df))])
+    kafka.produce(src_topic, _values(df), partition=[i % 4 for i in range(len(df))])
     with dask_cli_cluster(workers=3) as address, Client(address) as c:
         c.wait_for_workers(3, timeout=60)
         src = Stream.from_kafka_topic(src_topic, kafka.consumer_conf, decode="json", until="end")
@@ -415,9 +415,6 @@ def test_a_topic_that_does_not_exist_fails_the_job_naming_it(two_workers, kafka)
 
 
 # -- at the size, and across a broker restart ----------------------------------------
-_json_values = _values
-
-
 def _aggregate_and_running_counts(src, out_topic: str, bootstrap: str) -> None:
     keyed = src.key_by("key")
     keyed.aggregate({"n": ("value", "count"), "total": ("value", "sum")}, name="totals")
@@ -431,7 +428,7 @@ def test_two_million_records_into_an_aggregate_and_a_stateful_map_written_to_kaf
     src_topic = kafka.create_topic(topic_name("big"), partitions=4)
     out_topic = kafka.create_topic(topic_name("bigout"), partitions=4)
     df = _records(2_000_000, seed=21)
-    kafka.produce(src_topic, _json_values(df), partition=[i % 4 for i in range(len(df))])
+    kafka.produce(src_topic, _values(df), partition=[i % 4 for i in range(len(df))])
     src = Stream.from_kafka_topic(src_topic, kafka.consumer_conf, decode="json", until="end")
     _aggregate_and_running_counts(src, out_topic, kafka.bootstrap)
     with streamlb.run(src, client=two_workers, balancer="static") as job:
@@ -461,7 +458,7 @@ def test_exact_across_a_broker_restart(two_workers, tmp_path, rows):
         src_topic = broker.create_topic(topic_name("rs"), partitions=4)
         out_topic = broker.create_topic(topic_name("rsout"), partitions=3)
         df = _records(rows, seed=22)
-        broker.produce(src_topic, _json_values(df))
+        broker.produce(src_topic, _values(df))
         src = Stream.from_kafka_topic(src_topic, broker.consumer_conf, decode="json", until="end",
                                       batch_size=2_000)
         _aggregate_and_running_counts(src, out_topic, broker.bootstrap)
@@ -506,7 +503,7 @@ def test_watermarks_per_partition_with_an_idle_one(two_workers, kafka):
                                    "ms": np.maximum(t, 0) * 1000 // 1, "p": p}).astype({"ms": np.int64}))
     df = pd.concat(parts, ignore_index=True)
     topic = kafka.create_topic(topic_name("wm"), partitions=4)
-    kafka.produce(topic, _json_values(df.drop(columns="p")), partition=df.p.tolist())
+    kafka.produce(topic, _values(df.drop(columns="p")), partition=df.p.tolist())
     src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest",
                                   parallelism=1, batch_size=500)
     op = src.with_watermark("ms", delay="1s", idle_timeout="1s", unit="ms") \

@@ -28,11 +28,15 @@ _HEARTBEAT = "Failed to communicate with scheduler during heartbeat"
 _ACTOR_CALL = "Exception while handling op actor_execute"
 
 
-class _ClosingHeartbeat(logging.Filter):
+class _OfWorker(logging.Filter):
+    """A filter that looks at its worker (held weakly)."""
+
     def __init__(self, worker) -> None:
         super().__init__()
         self.worker = weakref.ref(worker)
 
+
+class _ClosingHeartbeat(_OfWorker):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith(_HEARTBEAT):
             return True
@@ -40,11 +44,7 @@ class _ClosingHeartbeat(logging.Filter):
         return worker is not None and getattr(worker.status, "name", "") not in ("closing", "closed")
 
 
-class _CallToAFreedActor(logging.Filter):
-    def __init__(self, worker) -> None:
-        super().__init__()
-        self.worker = weakref.ref(worker)
-
+class _CallToAFreedActor(_OfWorker):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith(_ACTOR_CALL) or not record.exc_info:
             return True
