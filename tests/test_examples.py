@@ -29,7 +29,8 @@ def _run(path: str, workdir: str, env: dict) -> subprocess.CompletedProcess:
 def started(request, tmp_path_factory):
     """Each selected example's run (a future), two at a time."""
     chosen = {item.callspec.params["path"] for item in request.session.items
-              if item.originalname == "test_example_runs" and hasattr(item, "callspec")}
+              if getattr(item, "originalname", None) == "test_example_runs"
+              and hasattr(item, "callspec")}
     order = sorted(chosen, key=lambda p: (FIRST.index(os.path.basename(p)) if os.path.basename(p) in FIRST
                                           else len(FIRST), p))
     pool = ThreadPoolExecutor(2)
