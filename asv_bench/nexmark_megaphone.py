@@ -160,7 +160,7 @@ def run(query: str, path: str, man: dict, rate: float, label: str, workers: int,
 def _run(query: str, path: str, man: dict, rate: float, strategy: str, workers: int, batch: int, want) -> dict:
     import streamlb
     from streamlb._cli_nexmark import build
-    from streamlb.cli import _latencies
+    from streamlb._cli_args import _latencies
     from streamlb.nexmark._check import differences, result
 
     node, out = build(query, path, man, rate=rate, batch_size=batch)

@@ -105,7 +105,7 @@ def _throughput(events: int, summary: dict, query: str, workers: int) -> str:
 def _nexmark(args) -> int:
     import streamlb
 
-    from .cli import _latencies
+    from ._cli_args import _latencies
     from .nexmark._check import differences, result
     from .nexmark._truth import truth
 
@@ -156,7 +156,7 @@ def _positive(cast):
 
 def add_parser(sub) -> None:
     """``streamlb nexmark`` on the CLI's subparsers ``sub``."""
-    from .cli import _balancer
+    from ._cli_args import _balancer
     from .nexmark import QUERIES
 
     n = sub.add_parser("nexmark", help="run one NEXMark query on an embedded Dask cluster: throughput, "

@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import pandas as pd
 
-from .datasets import (_BASE_TIME, _STEP_US, _blocks, _manifest, _masked, _write, _write_parts,  # noqa: F401
-                       spark_session)
+from ._parquet_out import _BASE_TIME, _STEP_US, _manifest, _write, _write_parts
+from ._zipf import _blocks, _masked
 
 
 def nexmark_frame(ids: np.ndarray, seed: int, partitions: int, ha: int, hb: int, hs: int) -> pd.DataFrame:
@@ -188,11 +188,10 @@ def _at(us: np.ndarray) -> pd.DatetimeIndex:
     return _BASE_TIME + pd.to_timedelta(us, unit="us")
 
 
-def write_tables(path, events: int, partitions: int, seed: int, ha: int, hb: int, hs: int, rate: float,
+def write_tables(spark, path, events: int, partitions: int, seed: int, ha: int, hb: int, hs: int, rate: float,
                  in_flight_auctions: int, disorder: float, late_fraction: float, progress: bool) -> dict:
     """:func:`streamlb.datasets.nexmark`'s three tables (arguments checked there)."""
     spec = _Nexmark(seed, partitions, ha, hb, hs, rate, in_flight_auctions, int(round(disorder * 1e6)), late_fraction)
-    spark = spark_session()
     out = os.path.abspath(str(path))
     if os.path.isdir(out):
         shutil.rmtree(out)
@@ -213,10 +212,9 @@ def write_tables(path, events: int, partitions: int, seed: int, ha: int, hb: int
     return _manifest(out, params, tables=tuple(_NX_SCHEMAS))
 
 
-def write_flat(path, events: int, partitions: int, seed: int, ha: int, hb: int, hs: int,
+def write_flat(spark, path, events: int, partitions: int, seed: int, ha: int, hb: int, hs: int,
                progress: bool) -> dict:
     """:func:`streamlb.datasets.nexmark` with ``flat=True``: the single table of every event."""
-    spark = spark_session()
 
     def gen(batches):
         for pdf in batches:

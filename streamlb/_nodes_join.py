@@ -11,13 +11,12 @@ from streamz import Stream
 from ._time import duration_ns
 from .exceptions import PipelineError
 from ._node_base import _check_name, _check_parallelism, _Described, _Late
+from ._nodes_key import key_by
 
 HOWS = ("inner", "left", "right", "outer")
 
 
 def _keyed(node, what: str) -> None:
-    from .nodes import key_by
-
     if not isinstance(node, key_by):
         raise PipelineError(f"{what} takes a keyed stream (the node key_by returns), got {node}; "
                             "put .key_by(column) before it")

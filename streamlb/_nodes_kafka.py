@@ -130,7 +130,7 @@ class to_kafka_topic(Sink):
 
 def plan_sink(planner, n: to_kafka_topic, stage):
     """The step of a ``to_kafka_topic`` node (its number in the plan names its producers)."""
-    from .planner import Step, _ship
+    from ._plan_step import Step, _ship
 
     planner.kafka_sinks = getattr(planner, "kafka_sinks", 0) + 1
     encode = _ship(n.encode, stage.name) if callable(n.encode) else n.encode

@@ -95,7 +95,7 @@ def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], 
         ``(stage id, index) -> future`` of each actor. Keep the futures: an actor referenced
         only by other actors is garbage-collected.
     """
-    from ._worker import Instance
+    from ._worker._instance import Instance
     from ._worker._heap import heap_pad
 
     pad = heap_pad()
@@ -154,7 +154,7 @@ def rows_only(exchanges: dict) -> dict:
 def exchange_specs(stages: Iterable[Stage], *, balanced: bool, hot_keys: int = 0) -> dict:
     """How records reach each stage that is not a source: stage id -> ``ExchangeSpec``; for
     the right side of a join, ``(stage id, 1)`` -> the spec of its key."""
-    from ._worker import ExchangeSpec
+    from ._worker._messages import ExchangeSpec
 
     out = {}
     for st in stages:

@@ -16,7 +16,7 @@ from .exceptions import PipelineError
 def another_input(p, st, stage, side: int | None = None):
     """Stage ``stage`` feeds the already planned ``st`` too (through a union, or as the
     other side of a join): one more input slot, unless it is one already."""
-    from .planner import Step
+    from ._plan_step import Step
 
     if stage.id in st.inputs:
         have = st.sides[st.inputs.index(stage.id)] if st.sides else None
@@ -40,7 +40,7 @@ def joined(p, kb, op, stage):
     """The exchange from ``stage`` into join ``op`` (a window join when its left input is a
     window, whichever side the planner reaches it from first)."""
     from ._nodes_time import window as window_node
-    from .planner import Step, _ship
+    from ._plan_step import Step, _ship
 
     window = op.upstreams[0] if isinstance(op.upstreams[0], window_node) else None
     side = _side(op, kb, window)
@@ -70,7 +70,7 @@ def joined(p, kb, op, stage):
 
 
 def _set_key(st, side: int, kb, p) -> None:
-    from .planner import _ship
+    from ._plan_step import _ship
 
     if st.keys[side] is None:
         st.keys[side] = _ship(kb.key, st.name) if callable(kb.key) else kb.key

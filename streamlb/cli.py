@@ -9,6 +9,8 @@ import threading
 import time
 import warnings
 
+from ._cli_args import _balancer, _instances, _latencies
+
 
 def _prepare(args) -> int:
     from . import datasets
@@ -58,22 +60,6 @@ def _exact(state, truth) -> bool:
             and np.array_equal(state["count"].to_numpy(), truth["count"].to_numpy())
             and np.allclose(state["sum"].to_numpy(), truth["sum"].to_numpy(), rtol=1e-12, atol=0)
             and np.array_equal(state["max"].to_numpy(), truth["max"].to_numpy()))
-
-
-def _latencies(ops) -> dict:
-    """p50, p99 and max latency (ms) of the records applied in the metrics rows ``ops``:
-    the percentiles are of every record, from the windows' histograms added up (not a
-    percentile of per-window percentiles); NaN where none was applied."""
-    import numpy as np
-
-    from . import latency
-
-    hists = ops.latency_hist.to_list()
-    total = np.sum(np.stack(hists), axis=0) if hists else np.zeros(latency.BINS, np.int64)
-    top = float(ops.latency_max_ms.max()) if len(ops) else float("nan")
-    # a percentile is interpolated within its histogram bin: never above the largest latency seen
-    return {"p50": min(latency.quantile(total, 0.5), top), "p99": min(latency.quantile(total, 0.99), top),
-            "max": top}
 
 
 def _demo(args) -> int:
@@ -264,28 +250,6 @@ def _plot_rescale(load, rs: dict, switched: float, moved: int, path: str):
     count.set_xlabel("seconds")
     fig.tight_layout()
     return save(fig, path)
-
-
-def _instances(text: str) -> tuple[int, int]:
-    """``FROM:TO`` of ``--rescale``: two instance counts >= 1."""
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected FROM:TO, two instance counts such as 2:6, got {text!r}") \
-            from None
-    if a < 1 or b < 1 or a == b:
-        raise argparse.ArgumentTypeError(f"FROM and TO must be different instance counts >= 1, got {text!r}")
-    return a, b
-
-
-def _balancer(name: str) -> str:
-    """A balancer registered under ``streamlb.balancers`` (built-in or installed)."""
-    from .balancer import available_balancers
-
-    names = available_balancers()
-    if name not in names:
-        raise argparse.ArgumentTypeError(f"unknown balancer {name!r}; valid balancers are {', '.join(sorted(names))}")
-    return name
 
 
 def _simulate(args) -> int:

@@ -15,6 +15,7 @@ from ._functions import describe  # noqa: F401  (streamlb.nodes.describe, as bef
 from ._node_base import (_check_cost, _check_name, _check_parallelism, _Described, _keep_alive,  # noqa: F401
                          _Late, late_records)
 from .exceptions import PipelineError
+from ._nodes_key import key_by  # noqa: F401  (registered on streamz.Stream)
 
 __all__ = ["from_parquet", "with_watermark", "select", "key_by", "window", "aggregate", "apply", "join", "process",
            "stateful_map", "rebalance", "to_parquet"]
@@ -117,34 +118,6 @@ def _watch_seconds(watch, what: str) -> float | None:
         raise PipelineError(f"{what}: watch={watch!r} is not a positive duration; give seconds (a number > 0) or "
                             "a duration such as '1s' or '200ms' (a string, datetime.timedelta or pd.Timedelta)")
     return seconds
-
-
-@Stream.register_api()
-class key_by(_Described):
-    """Keyed exchange: route each row to the instance owning its key group.
-
-    Parameters
-    ----------
-    key : str or callable
-        A column name, or a function of the batch (DataFrame) returning one key per row.
-    name : str, optional
-        Column that holds the keys a function returns (default ``"key"``).
-
-    Examples
-    --------
-    >>> from streamz import Stream
-    >>> s = Stream.from_iterable([{"word": "a"}, {"word": "b"}])
-    >>> s.key_by("word").aggregate({"n": ("word", "count")})  # doctest: +ELLIPSIS
-    <aggregate...>
-    """
-
-    def __init__(self, upstream, key, name=None, **kwargs):
-        if not (isinstance(key, str) or callable(key)):
-            raise PipelineError(f"key_by: key must be a column name or a function, got {key!r}")
-        _check_name(name, "key_by")
-        self.key = key
-        self.key_name = key if isinstance(key, str) else (name or "key")
-        super().__init__(upstream, **kwargs)
 
 
 @Stream.register_api()

@@ -21,7 +21,7 @@ from . import nodes
 from . import _nodes_kafka
 from . import _nodes_select
 from .exceptions import InputPathError, PipelineError, SchemaError
-from ._functions import UserFunction
+from ._plan_step import Step, _ship
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
@@ -37,21 +37,6 @@ SENDERS = 1 << 16
 SOURCES: dict = {_nodes_kafka.from_kafka_topic: _nodes_kafka.plan}
 #: Sink nodes planned by their own module: node type -> ``plan(planner, node, stage) -> Step``.
 SINKS: dict = {_nodes_kafka.to_kafka_topic: _nodes_kafka.plan_sink}
-
-
-@dataclass
-class Step:
-    """One node fused into a stage. ``kind`` is map, starmap, filter, flatten, sink,
-    list_sink, parquet_sink or exchange; ``children`` get what it emits."""
-
-    kind: str
-    func: Any = None
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    target: int = -1            # exchange: downstream stage id; list_sink: sink id
-    path: str = ""              # parquet_sink
-    children: list = field(default_factory=list)
-    name: str | None = None     # map, starmap, filter: the streamz node's name (``stream_name=``)
 
 
 @dataclass
@@ -152,13 +137,6 @@ def _graph(node: Stream) -> list[Stream]:
         todo.extend(u for u in n.upstreams if u is not None)
         todo.extend(d for d in n.downstreams if d is not None)
     return list(seen.values())
-
-
-def _ship(func, operator: str) -> UserFunction:
-    """Wrap a user function to travel by value; fail now, naming it, if it cannot."""
-    uf = UserFunction(func)
-    uf.payload(operator)
-    return uf
 
 
 def parquet_files(path: str) -> list[str]:

@@ -119,8 +119,8 @@ class Job:
     def __init__(self, plan: Plan, client, cluster, workers: list[str], options: RunOptions,
                  owns_client: bool = True) -> None:
         from . import _placement
-        from ._migration import open_control
-        from ._reconfig import Reconfigurer
+        from ._migration._driver import open_control
+        from ._reconfig._live import Reconfigurer
         from ._reconfig._retire import Drainer
 
         # the deployment, which every part reads and reconfigurations and recoveries change

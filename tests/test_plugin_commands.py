@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from streamz import Stream
 
 import streamlb
-from streamlb._migration import STRATEGIES
+from streamlb._migration._epochs import STRATEGIES
 from streamlb._migration._commands import show
 from streamlb.balancer import available_balancers
 from streamlb.keygroups import assign_to_key_group

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from streamlb import keygroups
-from streamlb._state import BACKENDS, AggregateState, StatefulMapState, StateStore, make_store
+from streamlb._state import AggregateState, StatefulMapState, StateStore
+from streamlb._state._backends import BACKENDS, make_store
 from streamlb._state import _aggregate
 from streamlb.keygroups import assign_to_key_group
 

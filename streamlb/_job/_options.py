@@ -180,7 +180,7 @@ class RunOptions:
         if balancer is not None:
             _policy(get_balancer, "balancer", "balancer", balancer, balancer_options)
         if migration is not None:
-            from .._migration import check_strategy
+            from .._migration._epochs import check_strategy
 
             _wrapped(f"run(migration={migration!r})", check_strategy, migration)
         restored = _restored(restore)

@@ -110,7 +110,7 @@ class Reconfiguration:
 
     def reassign(self, operator: str, assignment: dict[int, int], strategy: str | None) -> RoutingTable:
         """See :meth:`streamlb.Job.reassign`."""
-        from .._migration import check_strategy
+        from .._migration._epochs import check_strategy
 
         job = self.job
         job.plan.stage(operator)

@@ -183,7 +183,7 @@ class Reconfigurer:
     def rescale(self, operator: str, parallelism: int, strategy: str | None = None,
                 workers: list[str] | None = None) -> dict:
         """See :meth:`streamlb.Job.rescale`; returns what was done."""
-        from .._migration import check_strategy
+        from .._migration._epochs import check_strategy
 
         st = self.check_rescale(operator, parallelism)
         parallelism = int(parallelism)
@@ -401,7 +401,7 @@ class Reconfigurer:
     # -- update a function ------------------------------------------------------------------------
     def update(self, operator: str, func) -> dict:
         """See :meth:`streamlb.Job.update`."""
-        from ..planner import _ship
+        from .._plan_step import _ship
         from ._update import check_function, find_function, set_function, step_at
 
         job = self.job

@@ -19,7 +19,7 @@ import traceback
 import pandas as pd
 
 from .._migration._owner import OwnerSide
-from .._state import make_store
+from .._state._backends import make_store
 from ..exceptions import StreamlbError
 from ..planner import SENDERS, Stage
 from ..routing import RoutingTable
