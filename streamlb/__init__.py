@@ -47,6 +47,7 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY_MODULES, "simulate"})
 
+
 __all__ = [
     "run",
     "simulate",

@@ -262,7 +262,7 @@ def test_incremental_manifest_reads_the_union_of_two_files(tmp_path):
 def test_read_manifest_takes_the_highest_complete_checkpoint(tmp_path):
     for i in (3, 12, 7):
         storage.write_manifest(str(tmp_path), f"chk-{i:06d}", {"format": 1, "base": "..", "files": {},
-                                                                "operators": {}, "id": i})
+                                                               "operators": {}, "id": i})
     (tmp_path / "chk-000013").mkdir()                     # partial: no manifest
     path = storage.write_manifest(str(tmp_path), "chk-000001", {"format": 1, "files": {}, "operators": {}})
     assert path == str(tmp_path / "chk-000001" / "_manifest.json")

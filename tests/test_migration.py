@@ -360,7 +360,8 @@ def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_pat
     # is counted
     with dask.config.set({"streamlb.exchange.combine": False}), \
             streamlb.run(src, client=two_workers, key_groups=G) as job:
-        for strategy, op, groups, to in [("all-at-once", "totals", range(0, 12), 1), ("lazy", "running", range(4, 30), 2),
+        for strategy, op, groups, to in [("all-at-once", "totals", range(0, 12), 1),
+                                         ("lazy", "running", range(4, 30), 2),
                                          ("fluid", "totals", range(20, 40), 0), ("lazy", "totals", range(40, 60), 2),
                                          ("all-at-once", "running", range(30, 50), 0)]:
             time.sleep(0.1)
@@ -375,7 +376,7 @@ def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_pat
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_state_in_rocksdb_is_exact_under_each_strategy_and_a_rescale(two_workers, zipf_path, zipf_frame, strategy,
-                                                                      tmp_path):
+                                                                     tmp_path):
     """``state_backend="rocksdb"``: autoflow balances with each strategy, one move is asked
     for whatever it decides, and the operator rescales (3 -> 2 -> 3) while the stream runs."""
     import os

@@ -3,7 +3,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from streamlb import datasets
 from streamlb.nexmark import _truth
 
 pytestmark = pytest.mark.spark

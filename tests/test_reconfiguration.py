@@ -92,7 +92,7 @@ actions = st.lists(
           phases=[Phase.explicit, Phase.reuse, Phase.generate])     # a shrink would rerun a cluster job per step
 @given(actions=actions)
 def test_random_reconfigurations_with_a_balancer_lose_nothing(two_workers, zipf_path, zipf_frame, strategy,
-                                                               actions):
+                                                              actions):
     """Rescales, moves, manual migrations and updates at random moments, while the
     ``greedy`` balancer moves key groups too (one example per strategy; more in the slow
     test below)."""

@@ -14,7 +14,8 @@ DATA = os.environ.get(
 )
 
 
-def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_every=None, disorder: float = 0.0) -> str:
+def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_every=None,
+                 disorder: float = 0.0) -> str:
     """Path of a Zipf dataset, written by PySpark the first time it is asked for."""
     from streamlb import datasets
 

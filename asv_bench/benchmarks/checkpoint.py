@@ -132,7 +132,6 @@ def _say(msg: str) -> None:
     print(f"[checkpoint {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-
 class _Others:
     """Cores used on average by processes outside the benchmark between enter and exit."""
 
@@ -263,7 +262,8 @@ def throughput(path: str | None = None) -> dict:
            "keys": runs["none"][-1]["keys"], "rows": int(expected["count"].sum()),
            "uniform": _sizes(cps), "load": others.load, "other_cores": others.cores}
     _say(f"throughput: none {med['none']:,.0f}, checkpoint {med['checkpoint']:,.0f} records/s "
-         f"(ratio {out['ratio']:.3f}; median of the pairs' ratios {out['pair_ratio']:.3f}); other processes used {others.cores:.2f} cores meanwhile")
+         f"(ratio {out['ratio']:.3f}; median of the pairs' ratios {out['pair_ratio']:.3f}); "
+         f"other processes used {others.cores:.2f} cores meanwhile")
     return out
 
 

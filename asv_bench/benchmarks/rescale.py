@@ -60,7 +60,6 @@ def _say(msg: str) -> None:
     print(f"[rescale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-
 def _on_all(actors, method: str) -> list:
     return [f.result() for f in [getattr(a, method)() for a in actors]]
 

@@ -26,7 +26,8 @@ def check_compatible(restored: tuple[dict, str], plan, key_groups: int, path: st
     where = f"restore from {path!r}"
     if old["key_groups"] != key_groups:
         raise CheckpointError(f"{where}: the checkpoint has {old['key_groups']} key groups, this job "
-                              f"{key_groups}; run with key_groups={old['key_groups']} (they are fixed for a job's state)")
+                              f"{key_groups}; run with key_groups={old['key_groups']} "
+                              "(they are fixed for a job's state)")
     for name, op in old["operators"].items():
         if name not in new["operators"]:
             raise CheckpointError(f"{where}: the checkpoint holds state of operator {name!r} ({op['kind']}), "
@@ -152,4 +153,3 @@ def _merged_splits(old: list[dict]) -> dict:
     if files or done:
         out["directory"] = {"files": {f: n for f, n in files.items() if f not in done}, "done": sorted(done)}
     return out
-

@@ -51,7 +51,8 @@ async def wait_done(call: Call, op: OperatorControl, instances: list[int], epoch
         status[:] = await epoch_status(call, peers, epoch, deadline)
         gone = [i for i, s in zip(instances, status) if s["status"] in ("stopped", "failed")]
         if gone and not all(epoch in s["done"] for s in status):
-            raise MigrationError(f"{what}: instance {gone[0]} of {op.name} is {status[instances.index(gone[0])]['status']}")
+            state = status[instances.index(gone[0])]["status"]
+            raise MigrationError(f"{what}: instance {gone[0]} of {op.name} is {state}")
         return all(epoch in s["done"] for s in status)
 
     try:

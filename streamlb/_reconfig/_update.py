@@ -73,4 +73,4 @@ def check_function(operator: str, kind: str, new, old) -> None:
     except TypeError as exc:
         want = "(state, record)" if kind == "stateful_map" else "(batch)"
         raise ReconfigurationError(f"operator {operator!r}: the new function {getattr(new, '__name__', new)!r} "
-                            f"cannot be called as f{want}: {exc}") from exc
+                                   f"cannot be called as f{want}: {exc}") from exc

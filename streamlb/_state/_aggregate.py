@@ -24,6 +24,8 @@ SHARD_KEYS = 1 << 17
 # incoming groups carved out as a shard of their own. Carving every install apart would
 # leave one small shard per install (a fluid migration installs a few groups per epoch),
 # and each batch would then pay the per-shard cost many times over.
+
+
 def _carve_above() -> int:
     return SHARD_KEYS // 2
 

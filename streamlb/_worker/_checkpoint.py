@@ -310,4 +310,3 @@ class Checkpointed:
         by the driver now that every instance is done; Kafka transactions commit here)."""
         self.sinks.commit_kafka()
         return self.seal(-1)
-

@@ -277,7 +277,7 @@ class _Topic:
 
     def abort(self) -> None:
         for s in [*(x for v in self.pending.values() for x in v), *([self.current] if self.current is not None
-                                                                      else [])]:
+                                                                    else [])]:
             try:
                 self.producers[s].abort_transaction(TIMEOUT)
             except Exception as e:         # the broker is gone: it aborts on its own timeout

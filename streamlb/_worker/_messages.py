@@ -1,11 +1,12 @@
 """Everything that crosses an actor boundary, as frozen dataclasses.
 
 Data lane (router -> owner, numbered per channel): :class:`Batch`, :class:`Marker`,
-:class:`Checkpoint`, :class:`Watermark`, :class:`EndOfStream`. Control lane (owner -> owner, numbered per pair,
-applied ahead of the data): :class:`Install`, :class:`InstallKeys`, :class:`Partial`,
-:class:`PeerEnd`, :class:`Barrier`, :class:`CheckpointPeer`. An :class:`Envelope` carries one of them with its sender, the sender's
-incarnation (``run``) and its sequence number on that lane, so a receiver restores FIFO
-order and drops messages of an incarnation it no longer knows.
+:class:`Checkpoint`, :class:`Watermark`, :class:`EndOfStream`. Control lane (owner -> owner,
+numbered per pair, applied ahead of the data): :class:`Install`, :class:`InstallKeys`,
+:class:`Partial`, :class:`PeerEnd`, :class:`Barrier`, :class:`CheckpointPeer`. An
+:class:`Envelope` carries one of them with its sender, the sender's incarnation (``run``)
+and its sequence number on that lane, so a receiver restores FIFO order and drops messages
+of an incarnation it no longer knows.
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ class Sinks:
         self.kafka = None       # KafkaSinks: the to_kafka_topic producers, opened at the start
         # transactional ids of this instance's Kafka producers: the same for its replacement
         self.kafka_prefix = f"streamlb-{job}-{stage_id}-{index}"
-        self.part = f"part-{stage_id:03d}-{index:04d}" + (f"-r{run}" if run else "")   # a replacement writes its own file
+        # a replacement writes its own file
+        self.part = f"part-{stage_id:03d}-{index:04d}" + (f"-r{run}" if run else "")
         self.lists: dict[int, list] = collections.defaultdict(list)
         self._writers: dict[str, object] = {}
         self._files: dict[str, str] = {}
