@@ -103,9 +103,11 @@ def disordered_frame(disordered) -> pd.DataFrame:
     return pd.read_parquet(disordered, columns=["key", "value", "event_time"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_workers():
-    """A LocalCluster of 2 worker processes for one test module."""
+    """A LocalCluster of 2 worker processes, shared by the modules that ask for it (each
+    module starting its own took 1-2.5 s, 18 times). Tests that kill a worker or change the
+    cluster start their own."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
