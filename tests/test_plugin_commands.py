@@ -27,7 +27,7 @@ from streamlb.plugin import NAME
 
 AGG = {"n": ("value", "count"), "total": ("value", "sum")}
 G, N = 64, 3                        # key groups, instances of "agg"
-ROWS, RATE = 240_000, 12_000        # about 20 s of stream: the commands are sent while it runs
+ROWS, RATE = 120_000, 12_000        # about 10 s of stream: the commands (2-3 s) are sent while it runs
 RESERVED = {"op", "reply", "close", "serializers"}      # taken by distributed's RPC itself
 
 # values of every type a message can carry
