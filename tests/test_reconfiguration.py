@@ -337,7 +337,7 @@ def test_a_rescale_that_fails_is_recorded_under_its_operator_and_the_job_runs_on
     decision is recorded as failed with the operator's name and the error, the job ends
     exact."""
     rng = np.random.default_rng(3)
-    df = pd.DataFrame({"key": rng.integers(0, 500, 30_000), "value": rng.random(30_000)})
+    df = pd.DataFrame({"key": rng.integers(0, 500, 16_000), "value": rng.random(16_000)})
     df.to_parquet(tmp_path / "busy.parquet")
     src = Stream.from_parquet(str(tmp_path / "busy.parquet"), batch_size=1000, rate=10_000)
     src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=1, name="totals", cost=1 / 2000)
