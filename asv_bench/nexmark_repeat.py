@@ -33,7 +33,7 @@ def _cpu_seconds() -> float:
 
 def main(argv=None) -> int:
     from benchmarks import nexmark as nx
-    from benchmarks._common import cluster
+    from benchmarks._common import cluster, quiet
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("query", choices=sorted(nx.QUERIES))
@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--spark", action="store_true", help="a Spark SS run before each streamlb run")
     ap.add_argument("--cpu", action="store_true", help="CPU per job of each worker and of the driver")
+    ap.add_argument("--quiet", action="store_true",
+                    help="with --spark: wait for the machine to be quiet after each Spark run")
     args = ap.parse_args(argv)
     path = nx.dataset(args.events)
     spark = None
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
             before = ""
             if spark is not None:
                 before = f"Spark SS {nx.spark_seconds(spark, path, args.query):.3f} s, then "
+                if args.quiet:
+                    before += f"{quiet():.1f} s for the machine to quieten, then "
             times.append(nx.streamlb_seconds(client, path, args.query))
             print(f"run {r + 1}/{args.runs}: {before}streamlb {times[-1]:.3f} s", flush=True)
         if cpu0 is not None:

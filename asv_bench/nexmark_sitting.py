@@ -8,7 +8,9 @@ one cluster of 2 worker processes and one warm Spark session, for each query of
 1. one run of each system whose rows are gathered and checked against PySpark batch SQL
    (``streamlb.nexmark._truth``), exactly; it also warms both up;
 2. ``--rounds`` rounds (default 3) of one timed streamlb run then one timed Spark SS run,
-   each as ``benchmarks/nexmark.py`` times it (rows dropped or counted, not gathered);
+   each as ``benchmarks/nexmark.py`` times it (rows dropped or counted, not gathered), each
+   once the machine is quiet (``benchmarks._common.quiet``: Spark's JVM goes on working for
+   up to a second or two after its query returns, which slowed the streamlb run after it);
 3. a table: each round's events/s of both, their ratio, streamlb's events/s per core,
    and the cores other processes used meanwhile (figures are only worth keeping when that
    is near 0).
@@ -82,7 +84,7 @@ def check(q: str, path: str, spark, client) -> dict:
 
 def sitting(events: int, queries: list[str], rounds: int) -> dict:
     from benchmarks import nexmark as nx
-    from benchmarks._common import cluster
+    from benchmarks._common import cluster, quiet
 
     from streamlb import datasets
 
@@ -98,10 +100,12 @@ def sitting(events: int, queries: list[str], rounds: int) -> dict:
             for system, diff in f["check"].items():
                 nx._say(f"{q} {system}: {'exact' if diff is None else diff}")
             for r in range(rounds):
+                quiet()                     # Spark's JVM works on after its query returns
                 secs, others = _timed(nx.streamlb_seconds, client, path, q)
                 f["streamlb"].append(events / secs)
                 nx._say(f"{q} round {r + 1}/{rounds}: streamlb {events / secs:,.0f} events/s ({secs:.1f} s)")
                 if q not in nx.SPARK_CANNOT:
+                    quiet()
                     secs, spark_others = _timed(nx.spark_seconds, spark, path, q)
                     f["spark"].append(events / secs)
                     others = max(others, spark_others)

@@ -127,3 +127,17 @@ def _cpu() -> tuple[float, float]:
         except psutil.Error:
             pass
     return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0), mine
+
+
+def quiet(busy: float = 0.15, longest: float = 15.0) -> float:
+    """Wait until the machine is quiet: its CPUs busy at most ``busy`` (a fraction of all
+    cores) over a quarter of a second, or ``longest`` seconds passed. Returns the seconds
+    waited. A JVM keeps working (garbage collection, compilation) for a while after a Spark
+    query returns, on the cores the next run needs: timing that run right away measured
+    the JVM too (streamlb's q5 at half its speed after five alternated rounds)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    while psutil.cpu_percent(interval=0.25) > busy * 100 and time.perf_counter() - t0 < longest:
+        pass
+    return time.perf_counter() - t0

@@ -18,6 +18,10 @@ it uses, with a watermark 4 s behind ``date_time`` as in the Flink suite's DDL:
   the second of 2 runs. Spark SS cannot run q4 and q6 (:data:`SPARK_CANNOT`): their Spark
   benchmarks are skipped.
 
+Each system's runs of a query start once the machine is quiet (``_common.quiet``): Spark's
+JVM goes on working for a second or two after a query returns, on the cores the next run
+needs.
+
 events/s = all the log's events (person, auction and bid) over those seconds, as Flink's
 suite counts every event its generator makes whatever the query reads; a query over bids
 alone does not open the other two tables (8% of the events).
@@ -28,7 +32,7 @@ import os
 import sys
 import time
 
-from ._common import DATA, _OneShot, cluster
+from ._common import DATA, _OneShot, cluster, quiet
 
 EVENTS = int(os.environ.get("STREAMLB_BENCH_NEXMARK_EVENTS", 2_000_000))
 FILES = 4
@@ -226,9 +230,11 @@ class _Nexmark(_OneShot):
         cl, client = cluster(CORES)
         with cl, client:
             for q in QUERIES:       # each query on both systems in turn, so a drift of the machine hits both
+                quiet()             # each once the JVM has stopped working on the last Spark query
                 out["streamlb"][q] = streamlb_rate(client, path, q, EVENTS)
                 _say(f"{q} streamlb {out['streamlb'][q]:,.0f} events/s")
                 if q not in SPARK_CANNOT:
+                    quiet()
                     out["spark"][q] = spark_rate(spark, path, q, EVENTS)
                     _say(f"{q} Spark SS {out['spark'][q]:,.0f} events/s")
         return out
