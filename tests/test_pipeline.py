@@ -44,19 +44,24 @@ def check_emitted(emitted: list, truth: pd.DataFrame) -> None:
             assert (sign * by_key[c].diff().dropna() >= 0).all(), c
 
 
-def check_running_count(outputs: pd.DataFrame, state: pd.DataFrame, frame: pd.DataFrame) -> None:
-    """Per key, the running counts are 1, 2, ... and its values come in the order of its
-    log partition (each key lives in one, ordered by event time); the state is the count.
-    Over whole arrays (a loop over the ~19k keys took 2-6 s a call)."""
+def in_applied_order(outputs: pd.DataFrame, frame: pd.DataFrame, by: int) -> tuple:
+    """``(truth, key, fields)``: the input's rows per key in event time, and the outputs'
+    keys and tuple fields per key in the order they were applied, which field ``by`` (a
+    count that only grows) says: batches of different instances interleave in the
+    driver's list. Over whole arrays (a loop over the ~19k keys took seconds a call)."""
     truth = frame.sort_values("event_time", kind="stable")
     truth = truth.iloc[np.argsort(truth["key"].to_numpy(), kind="stable")]     # per key, in event time
-    n, value = (np.asarray(c) for c in zip(*outputs["output"].tolist()))
+    fields = [np.asarray(c) for c in zip(*outputs["output"].tolist())]
     key = outputs["key"].to_numpy()
     assert set(key) == set(truth["key"])
-    # the running count says in which order the records were applied; batches of
-    # different instances interleave in the driver's list, so order by it
-    order = np.lexsort((n, key))
-    key, n, value = key[order], n[order], value[order]
+    order = np.lexsort((fields[by], key))                                       # stable on ties
+    return truth, key[order], [f[order] for f in fields]
+
+
+def check_running_count(outputs: pd.DataFrame, state: pd.DataFrame, frame: pd.DataFrame) -> None:
+    """Per key, the running counts are 1, 2, ... and its values come in the order of its
+    log partition (each key lives in one, ordered by event time); the state is the count."""
+    truth, key, (n, value) = in_applied_order(outputs, frame, by=0)
     assert len(key) == len(truth), (len(key), len(truth))
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     want_n = np.arange(len(key)) - np.repeat(starts, np.diff(np.r_[starts, len(key)])) + 1

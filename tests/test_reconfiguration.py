@@ -15,7 +15,7 @@ from streamz import Stream
 import streamlb
 from streamlb import MigrationError, ReconfigurationError
 
-from test_pipeline import running_count
+from test_pipeline import in_applied_order, running_count
 
 G = 64
 STRATEGIES = ["all-at-once", "fluid", "lazy", "pause"]
@@ -46,13 +46,7 @@ def check_versions(outputs: pd.DataFrame, state: pd.DataFrame, frame: pd.DataFra
     never go back, each step adds the weight of the version that made it (a sequential
     replay), the values come in event-time order and the state is the last output.
     Checked over whole arrays (a loop over the ~19k keys took 24 s)."""
-    truth = frame.sort_values("event_time", kind="stable")
-    truth = truth.iloc[np.argsort(truth["key"].to_numpy(), kind="stable")]     # per key, in event time
-    tag, n, value = (np.asarray(c) for c in zip(*outputs["output"].tolist()))
-    key = outputs["key"].to_numpy()
-    assert set(key) == set(truth["key"])
-    order = np.lexsort((n, key))                 # per key, in the order applied (stable on ties)
-    key, tag, n, value = key[order], tag[order], n[order], value[order]
+    truth, key, (tag, n, value) = in_applied_order(outputs, frame, by=1)
     w = pd.Series(tag).map(WEIGHTS).to_numpy()
     first = np.r_[True, key[1:] != key[:-1]]     # a key's first output
     bad = ~first & (np.diff(w, prepend=0) < 0)
