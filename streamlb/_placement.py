@@ -10,7 +10,6 @@ import functools
 import math
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from . import config
 from .planner import Stage
@@ -31,34 +30,27 @@ def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int,
     return {i: workers[(i + stage.id) % len(workers)] for i in indices}
 
 
-def bound_actors(futures: dict, client, workers: dict) -> dict:
-    """The actors of ``futures`` (:func:`submit_actors`' futures) once they exist, each
-    bound to ``client``; ``workers``: the worker each was pinned to (``ActorTask.worker``).
+def bound_actors(futures: dict, client) -> dict:
+    """The actors of ``futures`` (``create_instances``' futures), each bound to ``client``.
 
-    The handles are made here rather than gathered: a gather fetches each from its worker,
-    a round trip for what is known already (the class, the key, the worker).
-
-    A Dask ``Actor`` binds itself to the *current* client where it is made (the one of an
-    enclosing ``with Client(...)``, else the newest), which need not be the job's: its calls
-    then went through that client's scheduler. Seen: the actors of a job on a TLS cluster
-    called through another, plain-TCP cluster's scheduler, which could not reach their
-    workers; the call failed outside Dask's retry and waited for ever. So they are made
-    with the job's client current.
+    A Dask ``Actor`` binds itself to the *current* client where it is unpickled (the one
+    of an enclosing ``with Client(...)``, else the newest), which need not be the job's: its
+    calls then went through that client's scheduler. Seen: the actors of a job on a TLS
+    cluster called through another, plain-TCP cluster's scheduler, which could not reach
+    their workers; the call failed outside Dask's retry and waited for ever.
     """
-    from distributed import wait
-
-    wait(list(futures.values()))
-    for f in futures.values():
-        if f.status != "finished":
-            f.result()                  # the constructor's error, raised here
-    if config.get("direct-calls"):
-        cls = direct_actor_class()      # its calls sent to the worker directly
-    else:
-        from distributed.actor import Actor as cls
-    from ._worker._instance import Instance
-
-    with client.as_current():
-        return {k: cls(Instance, workers[k], f.key) for k, f in futures.items()}
+    out = {}
+    direct = config.get("direct-calls")
+    # one gather for all (each ``result()`` was a round trip of its own, through the scheduler)
+    handles = client.gather(list(futures.values()), direct=True if direct else None)
+    for (k, f), actor in zip(futures.items(), handles):
+        if direct:      # the same handle, its calls sent directly (no second Future made)
+            actor.__class__ = direct_actor_class()
+        if direct or getattr(actor, "_client", client) is not client:
+            actor._client = client
+            actor._future = f
+        out[k] = actor
+    return out
 
 
 @functools.cache
@@ -82,20 +74,10 @@ def direct_actor_class() -> type:
     return DirectActor
 
 
-class ActorTask(NamedTuple):
-    """An instance to create: its Dask key, the worker it is pinned to, its arguments."""
-
-    key: str
-    worker: str
-    args: tuple
-    kwargs: dict
-
-
-def instance_tasks(job_id: str, stage: Stage, indices: Iterable[int], workers: list[str], *,
-                   upstream, key_groups: int, window: float, credits: int,
-                   where: dict[int, str] | None = None, run: int = 0) -> dict[Key, ActorTask]:
-    """What creates instances ``indices`` of ``stage``, each on its worker
-    (:func:`submit_actors` submits them).
+def create_instances(client, job_id: str, stage: Stage, indices: Iterable[int], workers: list[str], *,
+                     upstream, key_groups: int, window: float, credits: int,
+                     where: dict[int, str] | None = None, run: int = 0) -> dict[Key, object]:
+    """Create the actors of instances ``indices`` of ``stage``, each on its worker.
 
     Parameters
     ----------
@@ -106,39 +88,30 @@ def instance_tasks(job_id: str, stage: Stage, indices: Iterable[int], workers: l
         The worker of each instance (default: :func:`place` over ``workers``).
     run : int
         The incarnation of the instances (a replacement has a higher run than its actor).
+
+    Returns
+    -------
+    dict
+        ``(stage id, index) -> future`` of each actor. Keep the futures: an actor referenced
+        only by other actors is garbage-collected.
     """
+    from ._worker._instance import Instance
     from ._worker._heap import heap_pad
 
-    kwargs = dict(job=job_id, key_groups=key_groups, window=window, credits=credits,
-                  lazy_step=config.get("migration.lazy-step"), lazy_delay=config.get("migration.lazy-delay"),
-                  lazy_pace=config.get("migration.lazy-pace"), lazy_keys=config.get("migration.lazy-keys"),
-                  lazy_asked=config.get("migration.lazy-asked-keys"), run=run, heap_pad=heap_pad())
-    return {(stage.id, i): ActorTask(f"streamlb-{job_id}-{stage.id}-{i}" + (f"-r{run}" if run else ""), w,
-                                     (stage, i, upstream), kwargs)
-            for i, w in (where if where is not None else place(stage, indices, workers)).items()}
-
-
-def submit_actors(client, tasks: dict[Key, ActorTask]) -> dict[Key, object]:
-    """Create the actors ``tasks`` describe in one graph (each pinned to its worker).
-
-    One graph for all: a ``submit`` each cost a few ms more per instance, each message
-    waiting for the client's batched stream to the scheduler. Returns ``(stage id, index)
-    -> future``; keep the futures: an actor referenced only by other actors is
-    garbage-collected.
-    """
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-    from dask.utils import apply
-
-    from ._worker._instance import Instance
-
-    if not tasks:
-        return {}
-    worker_of = {t.key: t.worker for t in tasks.values()}
-    layer = MaterializedLayer({t.key: (apply, Instance, list(t.args), t.kwargs) for t in tasks.values()},
-                              annotations={"workers": lambda key: [worker_of[key]], "allow_other_workers": False})
-    name = f"streamlb-actors-{next(iter(worker_of))}"
-    futures = client.get(HighLevelGraph({name: layer}, {name: set()}), list(worker_of), actors=True, sync=False)
-    return dict(zip(tasks, futures))
+    pad = heap_pad()
+    return {
+        (stage.id, i): client.submit(
+            Instance, stage, i, upstream, job=job_id, key_groups=key_groups,
+            window=window, credits=credits, lazy_step=config.get("migration.lazy-step"),
+            lazy_delay=config.get("migration.lazy-delay"),
+            lazy_pace=config.get("migration.lazy-pace"), lazy_keys=config.get("migration.lazy-keys"),
+            lazy_asked=config.get("migration.lazy-asked-keys"), run=run, heap_pad=pad,
+            actor=True, workers=[w],
+            allow_other_workers=False, pure=False,
+            key=f"streamlb-{job_id}-{stage.id}-{i}" + (f"-r{run}" if run else ""),
+        )
+        for i, w in (where if where is not None else place(stage, indices, workers)).items()
+    }
 
 
 def hot_keys_for(balancer: str | None, options: dict | None) -> int:

@@ -67,18 +67,17 @@ class Lifecycle:
         from .. import _placement
 
         job = self.job
-        tasks = {}
+        futures = {}
         for st in job.plan.stages:
             ups = {(u, j): run for u in st.inputs for j in range(job.plan.stages[u].parallelism)}
-            tasks.update(_placement.instance_tasks(
-                job.id, st, range(st.parallelism), workers,
+            futures.update(_placement.create_instances(
+                job.client, job.id, st, range(st.parallelism), workers,
                 upstream=_placement.senders(st, job.plan.stages, ups if run else None),
                 key_groups=job.key_groups, window=job.window, credits=job.credits, run=run))
-        futures = _placement.submit_actors(job.client, tasks)
         if run:
             job.runs = dict.fromkeys(futures, run)
         job._futures = futures  # actors referenced only by actors would be collected
-        job.actors = _placement.bound_actors(futures, job.client, {k: t.worker for k, t in tasks.items()})
+        job.actors = _placement.bound_actors(futures, job.client)
         # a restored job's windows may be past what its sources' new watermarks say: its
         # routers send rows into them as they are (see Combiner.combine)
         exchanges = job.exchanges if restored is None else _placement.rows_only(job.exchanges)

@@ -126,11 +126,11 @@ class Reconfigurer:
 
         job = self.job
         senders = _placement.senders(st, job.plan.stages, job.runs, numbered=True)
-        tasks = _placement.instance_tasks(
-            job.id, st, list(where), job.workers, upstream=senders, key_groups=job.key_groups,
+        futures = _placement.create_instances(
+            job.client, job.id, st, list(where), job.workers, upstream=senders, key_groups=job.key_groups,
             window=job.window, credits=job.credits, where=where, run=run)
-        job._futures.update(futures := _placement.submit_actors(job.client, tasks))
-        actors = _placement.bound_actors(futures, job.client, {k: t.worker for k, t in tasks.items()})
+        job._futures.update(futures)
+        actors = _placement.bound_actors(futures, job.client)
         if job.checkpointer is not None:    # they stage outputs and write snapshots like the others
             self._result([a.checkpointing(job.checkpointer.url, job.checkpointer.compression) for a in actors.values()])
         return actors
