@@ -105,9 +105,7 @@ def disordered_frame(disordered) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def two_workers():
-    """A LocalCluster of 2 worker processes for one test module. (Shared by the whole
-    session instead, the paced tests of the later modules ran slower, some twice as long:
-    a net loss of about 37 s in a fresh-clone run, cause not found.)"""
+    """A LocalCluster of 2 worker processes for one test module."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
