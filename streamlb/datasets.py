@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from ._parquet_out import _BASE_TIME, _STEP_US, _write  # noqa: F401
+from ._parquet_out import _BASE_TIME, _STEP_US, _write
 from ._zipf import (_BLOCK, _blocks, _key_permutation, _masked, _zipf_cdf, _zipf_ranks, _zipf_table,  # noqa: F401
                     zipf_keys)
 from .exceptions import JavaNotFoundError

@@ -184,10 +184,11 @@ class Lifecycle:
             total = sum(s.total_rows for s in job.plan.stages if s.is_source) or None
             bar = tqdm(total=total, unit="rec", unit_scale=True, desc="records")
         poll_timeout = 2.0 if job.recovery is not None else config.seconds("stop-timeout")
-        # the first poll waits for an instance to end (or an interval): a job shorter than
-        # the interval, seen done by one poll rather than two (a round trip each)
-        self._settle(list(job.actors), interval if deadline is None else min(interval, max(deadline - time.time(), 0)))
         try:
+            # the first poll waits for an instance to end (or an interval): a job shorter than
+            # the interval, seen done by one poll rather than two (a round trip each)
+            self._settle(list(job.actors), interval if deadline is None else
+                         min(interval, max(deadline - time.time(), 0)))
             while True:
                 if job.recovery is not None and job.recovery.check():
                     continue                        # a worker was lost: restored from a checkpoint
