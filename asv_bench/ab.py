@@ -3,7 +3,8 @@
 
 ``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
 (or ``--bench migration --strategy lazy [--batch N]`` for ``benchmarks.migration``, or
-``--bench nexmark --query q12`` for ``benchmarks.nexmark``'s streamlb runs)
+``--bench nexmark --query q12`` for ``benchmarks.nexmark``'s streamlb runs, or ``--bench
+throughput --op stateful_map`` for the asv ``Throughput`` figures)
 checks each commit out in a worktree under the temporary directory (HEAD: the working tree
 itself when omitted), then per round runs ``python -m benchmarks.jobs`` once with each
 (``PYTHONPATH`` set to its tree; the job script is this tree's, using only the public
@@ -85,6 +86,22 @@ def nexmark(trees: dict, a) -> None:
           f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
 
 
+def throughput(trees: dict, a) -> None:
+    """``--bench throughput``: ``benchmarks.throughput``'s figure for ``--op`` (the asv
+    ``Throughput`` benchmark: a fresh cluster, a warm-up, the median of three jobs), the
+    commits alternating; HEAD over BASE per round, and the median of those ratios."""
+    ratios = []
+    for r in range(a.rounds):
+        fig = {}
+        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
+            got = runs(trees[name], ["--op", a.op], "benchmarks.throughput")
+            fig[name] = got[0]["records_per_second"]
+            print(f"round {r + 1}/{a.rounds} {name}: {a.op} {fig[name]:,.0f} records/s", flush=True)
+        ratios.append(fig["head"] / fig["base"])
+    print(f"{a.op} records/s: head/base median {statistics.median(ratios):.3f} over {a.rounds} rounds "
+          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("base")
@@ -95,9 +112,10 @@ def main(argv=None) -> None:
     p.add_argument("--runs", default=None,
                    help="runs per process, their median the round's figure (default 3 jobs and nexmark; 1 migration)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--bench", default="jobs", choices=["jobs", "migration", "nexmark"],
+    p.add_argument("--bench", default="jobs", choices=["jobs", "migration", "nexmark", "throughput"],
                    help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration; "
-                        "nexmark: benchmarks.nexmark (one query's events/s)")
+                        "nexmark: benchmarks.nexmark (one query's events/s); throughput: the asv "
+                        "Throughput benchmark's --op (aggregate or stateful_map)")
     p.add_argument("--query", default="q12", help="--bench nexmark: the query")
     p.add_argument("--strategy", default="lazy", help="--bench migration: the strategy")
     p.add_argument("--batch", default=None, help="--bench migration: the sources' rows per batch")
@@ -108,6 +126,8 @@ def main(argv=None) -> None:
     if a.bench == "nexmark":
         a.runs = a.runs or "3"
         return nexmark({"base": tree(a.base), "head": tree(a.head)}, a)
+    if a.bench == "throughput":
+        return throughput({"base": tree(a.base), "head": tree(a.head)}, a)
     a.runs = a.runs or "3"
     job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
     trees = {"base": tree(a.base), "head": tree(a.head)}

@@ -22,8 +22,9 @@ def zipf_dataset(rows: int, keys: int, skew: float, partitions: int = 8, drift_e
     name = f"zipf-{rows}-{keys}-{skew}-{partitions}-{drift_every}" + (f"-disorder{disorder}" if disorder else "")
     path = os.path.abspath(os.path.join(DATA, name))
     if not os.path.exists(os.path.join(path, "_manifest.json")):
+        extra = {"disorder": disorder} if disorder else {}     # older commits have no disorder
         datasets.zipf(path, rows=rows, keys=keys, skew=skew, partitions=partitions,
-                      drift_every=drift_every, seed=0, progress=True, disorder=disorder)
+                      drift_every=drift_every, seed=0, progress=True, **extra)
     return path
 
 

@@ -23,12 +23,13 @@ import time
 
 import numpy as np
 
-from ._common import _OneShot, cluster, zipf_dataset
+from ._common import _OneShot, cluster, quiet, zipf_dataset
 
 ROWS, KEYS = 10_000_000, 14_000_000
 RATE = 600_000
 BATCH = 20_000                     # rows per source batch: each source emits every 67 ms
 MOVE_AT = 11.0                     # seconds into the replay: ~6.6M rows read, ~5.3M keys held
+PHASE = 0.005                      # the move starts this long after a source's batch
 STRATEGIES = ["all-at-once", "fluid", "lazy", "pause", "lazy-pull"]
 
 
@@ -63,6 +64,34 @@ def _by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def _clock(dask_worker):
+    """``(epoch0, seconds per slice, parallelism)`` of each replaying source instance on this
+    worker that has started: the shared replay clock, read from the instances themselves."""
+    out = []
+    for inst in dask_worker.state.actors.values():
+        src = getattr(inst, "source", None)
+        if src is not None and getattr(src, "epoch0", 0):
+            st = src.stage
+            out.append((src.epoch0, st.batch_size / (st.rate / st.parallelism), st.parallelism))
+    return out
+
+
+def _move_time(client, at: float, after: float) -> float:
+    """The wall time ``at`` seconds into the replay, moved onto the sources' clock: ``after``
+    seconds past the nearest batch a source emits (instance ``i`` of ``P`` emits every
+    slice, offset by ``(i + 1) / P`` of one, so together they emit every ``slice / P``).
+    Starting every move at the same phase of that clock takes out of the figures the up to
+    67 ms a move otherwise waits for the next batch, which varied from run to run."""
+    deadline = time.time() + 30
+    while not (clocks := [c for cs in client.run(_clock).values() for c in cs]):
+        if time.time() > deadline:
+            raise RuntimeError("no replaying source instance started within 30 s")
+        time.sleep(0.01)
+    epoch0, per_slice, parallelism = clocks[0]
+    grid = per_slice / parallelism
+    return epoch0 + round(at / grid) * grid + after
+
+
 def _nothing(frame):
     return frame.iloc[:0]
 
@@ -87,7 +116,7 @@ def _run(client, path, strategy, batch=BATCH):
         agg.map(_nothing).sink_to_list()        # its values are read per batch: lazy must pull
         strategy = "lazy"
     with streamlb.run(src, client=client, key_groups=256, window=0.1) as job:
-        time.sleep(MOVE_AT)
+        time.sleep(max(0.0, _move_time(client, MOVE_AT, PHASE) - time.time()))
         held = sum(job.state_size("n").values())
         table = job.routing("n")
         # every other key group of each instance moves to the other one: half the state
@@ -187,6 +216,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     path = zipf_dataset(ROWS, KEYS, 0.0, partitions=4)
     for _ in range(a.runs):
+        quiet()
         cl, client = cluster(2)
         with cl, client:
             print(json.dumps(_run(client, path, a.strategy, a.batch)), flush=True)
