@@ -2,7 +2,11 @@
 
 Each side keeps its rows in *chunks*, one per batch taken in, each sorted by key hash, so
 the other side's rows find their matches with a binary search per chunk (no hash table
-rebuilt per batch); small chunks are merged once there are more than :data:`MAX_CHUNKS`.
+rebuilt per batch). The newest chunks are merged as a binary counter carries: a chunk no
+larger than the one after it is merged with it, so a side of ``n`` rows keeps about
+``log2(n / batch)`` chunks and each row is merged about that many times (merging every
+chunk into one every few batches rewrote the whole side each time: a cost per batch that
+grew with the state).
 Rows leave when the watermark makes a new match impossible (interval joins: a left row
 once ``time + upper`` is behind it, a right row once ``time - lower`` is; regular joins
 with ``ttl``: once ``time + ttl`` is), and for ``left``, ``right`` and ``outer`` joins those
@@ -25,8 +29,8 @@ from .._time import MAX_TIME, MIN_TIME
 from ..keygroups import assign_to_key_group, stable_hash
 from ._base import StateStore
 
-#: A side's chunks are merged into one when there are more than this many.
-MAX_CHUNKS = 8
+#: The most chunks a side keeps: past it the newest two are merged whatever their sizes.
+MAX_CHUNKS = 24
 SIDE = "_streamlb_side"         # the column a join's instance marks each arriving row's side in
 KEY = "_streamlb_key"           # a window join's key, whatever each side calls its key column
 _T, _M, _P = "_streamlb_t", "_streamlb_matched", "_streamlb_pair"
@@ -277,8 +281,8 @@ class JoinState(StateStore):
             return
         chunks = self.sides[side]
         chunks.append(chunk)
-        if len(chunks) > MAX_CHUNKS:
-            self.sides[side] = [_concat(chunks)]
+        while len(chunks) > 1 and (len(chunks[-2]) <= len(chunks[-1]) or len(chunks) > MAX_CHUNKS):
+            chunks[-2:] = [_concat(chunks[-2:])]
 
     def advance(self, watermark: int) -> list:
         """The watermark rose: drop the rows no new row can match. Returns, for an outer
