@@ -220,6 +220,73 @@ def test_join_state_moved_and_checkpointed_keeps_every_match(how, between):
         assert sum(len(s) for s in stores) == len(ref)
 
 
+def test_rows_cut_out_of_a_chunk_are_gone_from_every_read():
+    """A cut marks its rows gone in each chunk until half of the chunk is gone (then the
+    rest is copied). Ground truth: one store nothing is cut from. After each cut (a few
+    groups, a few keys as a lazy pull takes them, until the chunks are copied), the two
+    stores together hold, count, find and join exactly what it does, and a watermark drops
+    and emits (outer join) the same unmatched rows."""
+    from streamlb._state._joins import JoinState
+    from streamlb.keygroups import assign_to_key_group
+
+    G, sec = 32, 10**9
+    rng = np.random.default_rng(5)
+    spec = {"how": "outer", "between": (-5 * sec, 5 * sec), "ttl": None, "key_names": ["k", "k"],
+            "suffixes": ("_x", "_y")}
+    ref, old, new = JoinState("j", spec, G), JoinState("j", spec, G), JoinState("j", spec, G)
+    owner = np.zeros(G, np.int64)
+
+    def rows_of(out):
+        return sorted(map(tuple, out.astype(str).to_numpy().tolist())) if out is not None and len(out) else []
+
+    def feed(side, t0):
+        n = 400
+        batch = pd.DataFrame({"k": rng.integers(0, 500, n), "v": rng.integers(0, 10**6, n)})
+        times = t0 + rng.integers(0, 20 * sec, n)
+        g = assign_to_key_group(batch.k.to_numpy(), G)
+        got = []
+        for i, store in enumerate((old, new)):
+            sel = owner[g] == i
+            got += rows_of(store.update(batch[sel].reset_index(drop=True), groups=g[sel], times=times[sel], side=side))
+        assert sorted(got) == rows_of(ref.update(batch, times=times, side=side))
+
+    def same():
+        assert len(old) + len(new) == len(ref)
+        every = np.arange(G)
+        assert (old.keys_per_group(every) + new.keys_per_group(every) == ref.keys_per_group(every)).all()
+        pd.testing.assert_frame_equal(old.frame().add(new.frame(), fill_value=0).astype(np.int64), ref.frame())
+        probe = np.arange(500)
+        assert ((old.contains(probe) | new.contains(probe)) == ref.contains(probe)).all()
+
+    for b in range(12):
+        feed(b % 2, b * 2 * sec)
+    moves = [("groups", [3, 17]), ("keys", [5, 6, 250]), ("groups", [0, 1, 2, 9, 11]),
+             ("keys", list(range(100, 160))), ("groups", list(range(12, 32)))]      # the last copies
+    marked = []
+    for n, (how, what) in enumerate(moves):
+        if how == "keys":           # keys of groups the old store still owns
+            what = [k for k, g in zip(what, assign_to_key_group(np.asarray(what), G)) if owner[g] == 0]
+        blob = old.cut(what) if how == "groups" else old.cut_keys(np.asarray(what))
+        marked.append([c.alive is not None for side in old.sides for c in side])
+        new.install(blob)
+        owner[blob["key_groups"]] = 1 if how == "groups" else owner[blob["key_groups"]]
+        if how == "keys":       # a pull: those keys' rows moved, their groups' other keys did not
+            moved = set(what)
+            for part in blob["states"]:
+                for rows in blob["states"][part]:
+                    assert rows is None or set(rows.k.tolist()) <= moved
+            new.cut_keys(np.asarray(what))          # back where their groups are (owner 0)
+            old.install(blob)
+        same()
+        feed(n % 2, (12 + n) * 2 * sec)
+        same()
+        wm = (8 + 2 * n) * 2 * sec
+        got = [r for store in (old, new) for _, rows in store.advance(wm) for r in rows_of(rows)]
+        assert sorted(got) == sorted(r for _, rows in ref.advance(wm) for r in rows_of(rows))
+        same()
+    assert all(marked[0]) and not any(marked[-1]), marked       # rows marked gone; then copies
+
+
 def test_window_join_matches_pandas(two_workers, tables):
     left, right = _sources(tables)
     out = []

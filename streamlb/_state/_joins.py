@@ -45,9 +45,14 @@ class Part:
 
 class _Chunk:
     """Rows of one side, sorted by key hash: ``frame`` (the rows' own columns), ``h``
-    (hashes), ``keys``, ``t`` (event times, ns), ``g`` (key groups), ``m`` (matched)."""
+    (hashes), ``keys``, ``t`` (event times, ns), ``g`` (key groups), ``m`` (matched).
 
-    __slots__ = ("frame", "h", "keys", "t", "g", "m")
+    Rows cut out (a move, a lazy pull) are only marked gone in ``alive`` (None: every row
+    is there) until half the chunk is gone: copying the rest of the chunk at every cut
+    made each step of a move in small steps cost as much as moving the whole side. Every
+    reader skips the rows gone; ``len()`` counts the rows there, :attr:`size` every row."""
+
+    __slots__ = ("frame", "h", "keys", "t", "g", "m", "alive", "live")
 
     def __init__(self, frame, h, keys, t, g, m, *, sort: bool = True) -> None:
         if sort and len(h) > 1:
@@ -55,16 +60,40 @@ class _Chunk:
             frame, h, keys, t, g, m = frame.take(o), h[o], keys[o], t[o], g[o], m[o]
         self.frame = frame.reset_index(drop=True)
         self.h, self.keys, self.t, self.g, self.m = h, keys, t, g, m
+        self.alive: np.ndarray | None = None
+        self.live = len(h)
 
     def take(self, rows: np.ndarray) -> _Chunk:
+        """A chunk of ``rows`` (rows that are there)."""
         return _Chunk(self.frame.take(rows), self.h[rows], self.keys[rows], self.t[rows], self.g[rows],
                       self.m[rows], sort=False)
 
-    def __len__(self) -> int:
+    @property
+    def size(self) -> int:
         return len(self.h)
+
+    def there(self, mask: np.ndarray) -> np.ndarray:
+        """``mask`` without the rows gone."""
+        return mask if self.alive is None else mask & self.alive
+
+    def drop(self, mask: np.ndarray) -> _Chunk | None:
+        """Without the rows of ``mask`` (rows there): this chunk with them marked gone, a
+        copy of the rest once half of it is gone, or None when nothing is left."""
+        self.alive = ~mask if self.alive is None else self.alive & ~mask
+        self.live = int(self.alive.sum())
+        if not self.live:
+            return None
+        return self.take(np.flatnonzero(self.alive)) if self.live * 2 <= self.size else self
+
+    def compact(self) -> _Chunk:
+        return self if self.alive is None else self.take(np.flatnonzero(self.alive))
+
+    def __len__(self) -> int:
+        return self.live
 
 
 def _concat(chunks: list) -> _Chunk:
+    chunks = [c.compact() for c in chunks]
     return _Chunk(pd.concat([c.frame for c in chunks], ignore_index=True),
                   *(np.concatenate([getattr(c, a) for c in chunks]) for a in ("h", "keys", "t", "g", "m")))
 
@@ -263,6 +292,8 @@ class JoinState(StateStore):
         starts = np.cumsum(n) - n
         j = lo[i] + (np.arange(total) - starts[i])
         ok = c.keys[j] == keys[i]
+        if c.alive is not None:
+            ok &= c.alive[j]
         return i[ok], j[ok]
 
     def _matches(self, c: _Chunk, h, keys, times, side: int):
@@ -305,15 +336,15 @@ class JoinState(StateStore):
             held = bool((self.frozen < MAX_TIME).any())
             for c in self.sides[side]:
                 drop = c.t < (limit if not held else self._limit(side, self._marks(c.g)))
-                drop &= ~moving[c.g]
+                drop = c.there(drop & ~moving[c.g])
                 if not drop.any():
                     kept.append(c)
                     continue
                 self.mark_dirty(np.unique(c.g[drop]))
                 if emit and (drop & ~c.m).any():
                     gone.append(c.frame[drop & ~c.m])
-                if not drop.all():
-                    kept.append(c.take(np.flatnonzero(~drop)))
+                if (rest := c.there(~drop)).any():
+                    kept.append(c.take(np.flatnonzero(rest)))
             self.sides[side] = kept
             if gone:
                 out.append((side, pd.concat(gone, ignore_index=True)))
@@ -337,12 +368,22 @@ class JoinState(StateStore):
         return min(max(limit, MIN_TIME), MAX_TIME)
 
     # -- migration and checkpoints ------------------------------------------------------------
-    def _split(self, pick) -> dict:
-        """``pick(chunk) -> bool mask`` of rows to give: their blob, the rows taken out
-        when ``take``: each side's rows in key-group order, as :class:`GroupRows`."""
+    def _split(self, pick, remove: bool = False) -> dict:
+        """``pick(chunk) -> bool mask`` of rows to give: their blob (each side's rows in
+        key-group order, as :class:`GroupRows`); ``remove``: and they leave this store."""
         per_side = []
         for side in (0, 1):
-            parts = [c.take(np.flatnonzero(mask)) for c in self.sides[side] if (mask := pick(c)).any()]
+            parts, kept = [], []
+            for c in self.sides[side]:
+                mask = c.there(pick(c))
+                if not mask.any():
+                    kept.append(c)
+                    continue
+                parts.append(c.take(np.flatnonzero(mask)))
+                if remove and (rest := c.drop(mask)) is not None:
+                    kept.append(rest)
+            if remove:
+                self.sides[side] = kept
             if not parts:
                 per_side.append(None)
                 continue
@@ -357,25 +398,12 @@ class JoinState(StateStore):
         groups = np.unique(np.concatenate(present)).astype(np.int64) if present else np.zeros(0, np.int64)
         return {"states": GroupRows(groups, per_side), "key_groups": groups}
 
-    def _remove(self, pick) -> None:
-        for side in (0, 1):
-            kept = []
-            for c in self.sides[side]:
-                mask = pick(c)
-                if not mask.any():
-                    kept.append(c)
-                elif not mask.all():
-                    kept.append(c.take(np.flatnonzero(~mask)))
-            self.sides[side] = kept
-
     def _of_groups(self, groups):
         gs = np.asarray(sorted({int(g) for g in groups}), np.int64)
         return lambda c: np.isin(c.g, gs)
 
     def cut(self, groups) -> dict:
-        pick = self._of_groups(groups)
-        blob = self._split(pick)
-        self._remove(pick)
+        blob = self._split(self._of_groups(groups), remove=True)
         self.mark_dirty(list(groups))
         return blob
 
@@ -389,11 +417,10 @@ class JoinState(StateStore):
         h = stable_hash(keys, name=self.key_name)
 
         def pick(c):            # the rows whose key is one of ``keys``: by hash, then exactly
-            mask = np.zeros(len(c), bool)
+            mask = np.zeros(c.size, bool)
             mask[self._equal(c, h, keys)[1]] = True
             return mask
-        blob = self._split(pick)
-        self._remove(pick)
+        blob = self._split(pick, remove=True)
         self.mark_dirty(blob["key_groups"])
         return blob
 
@@ -430,7 +457,7 @@ class JoinState(StateStore):
         counts = np.zeros(self.groups, np.int64)
         for side in self.sides:
             for c in side:
-                counts += np.bincount(c.g, minlength=self.groups)
+                counts += np.bincount(c.g if c.alive is None else c.g[c.alive], minlength=self.groups)
         return counts[np.asarray(groups, np.int64)] if len(groups) else np.zeros(0, np.int64)
 
     def __len__(self) -> int:
@@ -447,7 +474,7 @@ class JoinState(StateStore):
         """Rows held per key: ``left_rows`` and ``right_rows``, indexed by key."""
         counts = []
         for side, name in ((0, "left_rows"), (1, "right_rows")):
-            keys = [k for c in self.sides[side] for k in c.keys.tolist()]
+            keys = [k for c in self.sides[side] for k in (c.keys if c.alive is None else c.keys[c.alive]).tolist()]
             counts.append(pd.Series(keys, dtype=object).value_counts().rename(name))
         out = pd.concat(counts, axis=1).fillna(0).astype(np.int64)
         out.index.name = self.key_name
