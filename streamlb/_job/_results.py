@@ -7,11 +7,17 @@ released) and asks the instances, or the coordinator of the job's migrations, fo
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import numpy as np
 import pandas as pd
 
+from .. import config
 from ..exceptions import JobReleasedError, PipelineError, StreamlbError
 from ..planner import KEYED_KINDS, Stage
+
+logger = logging.getLogger("streamlb.job")
 
 __all__ = ["METRIC_COLUMNS", "IMBALANCE_COLUMNS", "Results", "keyed"]
 
@@ -75,11 +81,33 @@ class Results:
         st = self.job.plan.stage(operator)
         if key_groups is not None:
             key_groups = self._key_groups(st, key_groups)
-        parts = [f.result() for f in [a.state(key_groups) for a in self._keyed_state(operator)]]
+        with self._moves_paused(st):
+            parts = [f.result() for f in [a.state(key_groups) for a in self._keyed_state(operator)]]
         if st.kind == "window":       # the open windows, in the output's columns
             out = pd.concat(parts, ignore_index=True)
             return out.sort_values([st.key_name, "window_start", "window_end"], kind="stable").reset_index(drop=True)
         return pd.concat(parts).sort_index()
+
+    @contextlib.contextmanager
+    def _moves_paused(self, st):
+        """No key group of ``st`` starts moving while its instances are read, and a move in
+        flight ends first: the instances answer at different times, so an old owner that
+        answered before a move's prepare and a new owner that answered after it would both
+        hold the moving groups (or, the other way round, neither would)."""
+        job = self.job
+        if job.status != "running" or st.id not in job.tables:
+            yield
+            return
+        try:
+            job._migrations.pause_moves([st.name], config.seconds("migration.timeout"))
+        except Exception as exc:        # a move that does not end: read as the instances are
+            logger.warning("job %s: reading %r while a migration in flight did not end: %s", job.id, st.name, exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            job._migrations.resume_moves([st.name])
 
     def _key_groups(self, st, key_groups) -> list[int]:
         """``key_groups`` checked: ints within the job's key groups, for an aggregate."""
