@@ -69,37 +69,40 @@ def migration(trees: dict, a) -> None:
               f"(rounds {', '.join(f'{x:.3f}' for x in v)})")
 
 
+def _alternate(a, one, label: str) -> None:
+    """``a.rounds`` rounds of ``one(name) -> figure`` for "base" and "head", alternating which
+    goes first; prints HEAD over BASE per round and the median of those ratios."""
+    ratios = []
+    for r in range(a.rounds):
+        fig = {name: one(name, f"round {r + 1}/{a.rounds} {name}")
+               for name in (("base", "head") if r % 2 == 0 else ("head", "base"))}
+        ratios.append(fig["head"] / fig["base"])
+    print(f"{label}: head/base median {statistics.median(ratios):.3f} over {a.rounds} rounds "
+          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+
+
 def nexmark(trees: dict, a) -> None:
     """``--bench nexmark``: one query's events/s (``benchmarks.nexmark``, one cluster per
     process, a warm-up then ``--runs`` runs whose median is the round's figure), the commits
     alternating; HEAD over BASE per round, and the median of those ratios."""
-    ratios = []
-    for r in range(a.rounds):
-        fig = {}
-        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
-            got = runs(trees[name], ["--query", a.query, "--runs", a.runs], "benchmarks.nexmark")
-            fig[name] = statistics.median(x["events_per_second"] for x in got)
-            print(f"round {r + 1}/{a.rounds} {name}: {a.query} " + ", ".join(f"{x['seconds']:.3f} s" for x in got)
-                  + f"; median {fig[name]:,.0f} events/s", flush=True)
-        ratios.append(fig["head"] / fig["base"])
-    print(f"{a.query} events/s: head/base median {statistics.median(ratios):.3f} over {a.rounds} rounds "
-          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+    def one(name: str, said: str) -> float:
+        got = runs(trees[name], ["--query", a.query, "--runs", a.runs], "benchmarks.nexmark")
+        fig = statistics.median(x["events_per_second"] for x in got)
+        print(f"{said}: {a.query} " + ", ".join(f"{x['seconds']:.3f} s" for x in got)
+              + f"; median {fig:,.0f} events/s", flush=True)
+        return fig
+    _alternate(a, one, f"{a.query} events/s")
 
 
 def throughput(trees: dict, a) -> None:
     """``--bench throughput``: ``benchmarks.throughput``'s figure for ``--op`` (the asv
     ``Throughput`` benchmark: a fresh cluster, a warm-up, the median of three jobs), the
     commits alternating; HEAD over BASE per round, and the median of those ratios."""
-    ratios = []
-    for r in range(a.rounds):
-        fig = {}
-        for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
-            got = runs(trees[name], ["--op", a.op], "benchmarks.throughput")
-            fig[name] = got[0]["records_per_second"]
-            print(f"round {r + 1}/{a.rounds} {name}: {a.op} {fig[name]:,.0f} records/s", flush=True)
-        ratios.append(fig["head"] / fig["base"])
-    print(f"{a.op} records/s: head/base median {statistics.median(ratios):.3f} over {a.rounds} rounds "
-          f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+    def one(name: str, said: str) -> float:
+        fig = runs(trees[name], ["--op", a.op], "benchmarks.throughput")[0]["records_per_second"]
+        print(f"{said}: {a.op} {fig:,.0f} records/s", flush=True)
+        return fig
+    _alternate(a, one, f"{a.op} records/s")
 
 
 def main(argv=None) -> None:
