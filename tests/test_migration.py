@@ -154,6 +154,51 @@ def test_state_read_during_a_merging_lazy_move_counts_each_record_once(two_worke
     assert final.sum() == len(df) and len(final) == df.key.nunique()
 
 
+def test_a_move_asked_during_a_state_read_waits_for_every_instance_to_answer(two_workers, zipf_path, zipf_frame):
+    """``job.state()`` asks every instance at once and they answer at different times. The
+    new owner's answer is held back here (a real instance, its read delayed on its worker)
+    while the old owner has answered: a move that went on meanwhile would leave the moved
+    groups in both answers. The move waits for the read, then runs."""
+    import threading
+
+    def slow_reads(dask_worker, delay=2.0):
+        import asyncio
+
+        for inst in list(dask_worker.state.actors.values()):
+            if getattr(getattr(inst, "stage", None), "name", None) == "n" and inst.index == 1:
+                read = inst.state
+
+                async def slow(groups=None):
+                    await asyncio.sleep(delay)
+                    return await read(groups)
+
+                inst.state = slow
+                return True
+        return False
+
+    src = Stream.from_parquet(zipf_path, batch_size=5_000, rate=60_000)    # about 5 s of stream
+    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=2, name="n")
+    with streamlb.run(src, client=two_workers, key_groups=G) as job:
+        assert sum(two_workers.run(slow_reads).values()) == 1
+        time.sleep(0.5)                 # both instances hold keys
+        read: list = []
+        reader = threading.Thread(target=lambda: read.append(job.state("n")["n"]))
+        reader.start()
+        time.sleep(0.4)                 # the old owner has answered; the new one is waiting
+        moving = job.routing("n").key_groups_of(0)
+        asked = time.time()
+        job.migrate("n", moving, 1, strategy="all-at-once")
+        reader.join()
+        job.wait(timeout=120)
+        final = job.state("n")["n"]
+        e = job.history[-1]
+    assert e["started"] - asked > 1.0           # it started once the read had its answers
+    assert not read[0].index.duplicated().any()
+    assert read[0].sum() <= len(zipf_frame) and (final.reindex(read[0].index) >= read[0]).all()
+    truth = zipf_frame.groupby("key").size()
+    pd.testing.assert_series_equal(final.sort_index(), truth.rename("n").astype(final.dtype), check_names=False)
+
+
 @pytest.mark.parametrize("strategy", ["all-at-once", "lazy"])
 def test_unmoved_groups_keep_flowing_during_a_migration(two_workers, wide_path, strategy):
     path, df = wide_path
