@@ -42,3 +42,38 @@ def test_a_worker_running_an_instance_keeps_its_freed_heap(two_workers):
         assert job.state("totals")["n"].sum() == 30
     for worker, faults in two_workers.run(_faults_per_batch).items():
         assert faults < pages / 10, (worker, faults, pages)
+
+
+def _holes_given_back(pad: int = 64 << 20) -> tuple[int, int, int]:
+    """Resident bytes before, with 256 MiB of freed holes in the heap, and after
+    ``give_back`` (each hole is pinned by a small array after it, so trimming the top of
+    the heap cannot reach it)."""
+    import time
+
+    import numpy as np
+
+    from streamlb._worker import _heap
+
+    assert _heap.keep_heap(pad)
+    _heap._trimmed_at = None
+    _heap.give_back()                       # the first call notes where the heap stands
+    before = _heap._resident()
+    big, pins = [], []
+    for _ in range(128):
+        big.append(np.ones(2 << 17))        # 2 MiB, from the heap (under the mmap threshold)
+        pins.append(np.ones(4096))      # 32 KiB: from malloc (numpy caches tiny buffers)
+    big.clear()
+    holes = _heap._resident()
+    _heap.give_back()
+    deadline = time.time() + 10
+    while time.time() < deadline and (_heap._trimming.locked() or _heap._resident() > holes - (128 << 20)):
+        time.sleep(0.05)
+    return before, holes, _heap._resident()
+
+
+def test_a_worker_gives_back_the_holes_a_move_leaves_in_its_heap(two_workers):
+    """After a move (``give_back``, called where an epoch is done on an instance), freed
+    arrays kept as holes in the heap go back to the kernel once they exceed the pad."""
+    for worker, (before, holes, after) in two_workers.run(_holes_given_back).items():
+        assert holes - before > 200 << 20, (worker, before, holes)
+        assert holes - after > 180 << 20, (worker, before, holes, after)

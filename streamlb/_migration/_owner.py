@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from .._worker._messages import Barrier, Install, InstallKeys, LazyNeed
+from .._worker._heap import give_back
 from ._moves import EpochMove, Held, budget_chunks, mark_first, unique
 
 
@@ -317,6 +318,7 @@ class OwnerSide:
 
     def _record_done(self, m: EpochMove) -> None:
         self.store.unhold(m.epoch)
+        give_back()
         self.done.add(m.epoch)
         if (ev := self._done_events.get(m.epoch)) is not None:
             ev.set()
