@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from ._common import DATA, _OneShot, _SpeedupOverStatic, cluster, median_rate, zipf_dataset
+from ._common import DATA, FIRST_TABLES, _OneShot, _SpeedupOverStatic, cluster, first_table, median_rate, zipf_dataset
 
 ROWS, KEYS, DRIFT = 3_200_000, 100_000, 800_000
 RATE, WINDOW, G, N = 400_000, 0.25, 256, 8
@@ -153,8 +153,7 @@ class CapacityBound(_SpeedupOverStatic):
     as throughput. Closed loop (no rate limit); plans move in one epoch (``all-at-once``).
     """
 
-    params = [BALANCERS]
-    param_names = ["balancer"]
+    params = [BALANCERS, FIRST_TABLES]
     ROWS, COST, SKEW, GROUPS, WINDOW = 12_800_000, 1e-5, 1.0, 1024, 0.5
 
     def setup_cache(self):
@@ -166,13 +165,15 @@ class CapacityBound(_SpeedupOverStatic):
         out = {}
         cl, client = cluster(2)
         with cl, client:
-            for b in BALANCERS:
-                src = Stream.from_parquet(path, batch_size=16_384)
-                src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=N, name="agg", cost=self.COST)
-                with streamlb.run(src, client=client, key_groups=self.GROUPS, window=self.WINDOW,
-                                  balancer=b, migration="all-at-once") as job:
-                    job.wait()
-                    out[b] = job.summary()["records_per_second"]
+            for table in FIRST_TABLES:
+                for b in BALANCERS:
+                    src = Stream.from_parquet(path, batch_size=16_384)
+                    src.key_by("key").aggregate({"n": ("value", "count")}, parallelism=N, name="agg", cost=self.COST)
+                    with first_table(table), streamlb.run(src, client=client, key_groups=self.GROUPS,
+                                                          window=self.WINDOW, balancer=b,
+                                                          migration="all-at-once") as job:
+                        job.wait()
+                        out[(b, table)] = job.summary()["records_per_second"]
         return out
 
 

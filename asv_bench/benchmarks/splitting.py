@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import _OneShot, _SpeedupOverStatic, cluster, zipf_dataset
+from ._common import FIRST_TABLES, _OneShot, _SpeedupOverStatic, cluster, first_table, zipf_dataset
 
 ROWS, KEYS, N, G = 5_000_000, 100_000, 8, 1024
 BALANCERS = ["static", "autoflow", "hybrid"]
@@ -105,8 +105,11 @@ class SplitThroughput(_SpeedupOverStatic):
     """Closed-loop throughput with COST s per record at skew 1.2 (target: ``hybrid`` >= 2 x
     ``static``)."""
 
-    params = [BALANCERS]
-    param_names = ["balancer"]
+    params = [BALANCERS, FIRST_TABLES]
 
     def setup_cache(self):
-        return {b: r for (_, b), r in _each(_throughput_run, [1.2]).items()}
+        out = {}
+        for table in FIRST_TABLES:
+            with first_table(table):
+                out.update({(b, table): r for (_, b), r in _each(_throughput_run, [1.2]).items()})
+        return out
