@@ -193,6 +193,13 @@ class TestAggregateState(StoreContract):
         cleaned, bad, reasons = self.make().clean(frame)
         assert cleaned is frame and bad is None and reasons == []
 
+    def test_a_batch_that_touches_no_key_gives_no_row(self, batches):
+        """Its output is empty (with multiple shards, an empty list of touched shards once
+        gave the whole of the first shard's state)."""
+        store = self.filled(batches)
+        out = store.frame(store.update(batches[0].iloc[:0], _groups(batches[0].iloc[:0])))
+        assert len(out) == 0 and list(out.columns) == list(SPEC) and out.index.name == "k"
+
     def test_each_batch_gives_its_keys_whole_values(self, batches):
         store = self.make()
         for i, b in enumerate(batches):
