@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from ._common import _OneShot
+
 ROWS, BATCH, GROUPS, CUTS = 1_200_000, 4_000, 1024, 8
 
 
@@ -57,7 +59,7 @@ def run(rows: int = ROWS) -> dict:
             "chunks": len(store.sides[0])}
 
 
-class JoinStateStore:
+class JoinStateStore(_OneShot):
     timeout = 300
 
     def setup_cache(self):
