@@ -2,7 +2,8 @@
 ``streamlb`` of each (issue 27's "at the parent commit, measured in the same run").
 
 ``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
-(or ``--bench migration --strategy lazy [--batch N]`` for ``benchmarks.migration``, or
+(or ``--bench migration --strategy lazy [--batch N] [--moves K --save F]`` for
+``benchmarks.migration``, K moves a run whose figures go to the JSON lines of F, or
 ``--bench nexmark --query q12`` for ``benchmarks.nexmark``'s streamlb runs, or ``--bench
 throughput --op stateful_map`` for the asv ``Throughput`` figures)
 checks each commit out in a worktree under the temporary directory (HEAD: the working tree
@@ -51,14 +52,19 @@ MIGRATION = ["first_record_ms", "switch_ms", "max_latency_ms", "p99_during_ms", 
 
 def migration(trees: dict, a) -> None:
     """``--bench migration``: ``benchmarks.migration``'s run of one strategy, a fresh cluster
-    per run, the commits alternating; HEAD over BASE per round for each figure, and the
-    median of those ratios."""
-    args = ["--strategy", a.strategy, "--runs", a.runs] + (["--batch", a.batch] if a.batch else [])
+    per run, the commits alternating; HEAD over BASE per round for each figure (with
+    ``--moves`` K, each run's figure is the median over its K moves), and the median of
+    those ratios."""
+    args = (["--strategy", a.strategy, "--runs", a.runs, "--moves", str(a.moves)]
+            + (["--batch", a.batch] if a.batch else []))
     ratios = {k: [] for k in MIGRATION}
     for r in range(a.rounds):
         fig = {}
         for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
             got = runs(trees[name], args, "benchmarks.migration")
+            if a.save:                  # every move's figures, for intervals and pooling later
+                with open(a.save, "a") as f:
+                    f.writelines(json.dumps({"round": r, "commit": name, **x}) + "\n" for x in got)
             fig[name] = {k: statistics.median(x[k] for x in got) for k in MIGRATION}
             print(f"round {r + 1}/{a.rounds} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in fig[name].items()),
                   flush=True)
@@ -122,6 +128,11 @@ def main(argv=None) -> None:
     p.add_argument("--query", default="q12", help="--bench nexmark: the query")
     p.add_argument("--strategy", default="lazy", help="--bench migration: the strategy")
     p.add_argument("--batch", default=None, help="--bench migration: the sources' rows per batch")
+    p.add_argument("--moves", type=int, default=1,
+                   help="--bench migration: moves per run (benchmarks.migration --moves); a run's "
+                        "figure is the median over its moves")
+    p.add_argument("--save", default=None, help="--bench migration: append every move's figures "
+                                                "(JSON lines) to this file")
     a = p.parse_args(argv)
     if a.bench == "migration":
         a.runs = a.runs or "1"

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from ._common import _OneShot, cluster, quiet, zipf_dataset
+from ._common import DATA, _OneShot, cluster, quiet, zipf_dataset
 
 ROWS, KEYS = 10_000_000, 14_000_000
 RATE = 600_000
@@ -31,6 +31,9 @@ BATCH = 20_000                     # rows per source batch: each source emits ev
 MOVE_AT = 11.0                     # seconds into the replay: ~6.6M rows read, ~5.3M keys held
 PHASE = 0.005                      # the move starts this long after a source's batch
 STRATEGIES = ["all-at-once", "fluid", "lazy", "pause", "lazy-pull"]
+#: keys of the log of repeated moves (main's --moves): as many as LargeStateMigration holds
+#: at its move; and the seconds between those moves
+HELD, GAP = 5_250_000, 10.0
 
 
 def _sampler(dask_worker):
@@ -104,6 +107,13 @@ def _p99(windows) -> float:
 
 
 def _run(client, path, strategy, batch=BATCH):
+    """LargeStateMigration's job and its one move: the move's figures."""
+    return _moves(client, path, strategy, batch, [MOVE_AT])[0]
+
+
+def _moves(client, path, strategy, batch, at: list[float]) -> list[dict]:
+    """The job, with the same move asked at each of ``at`` (seconds into the replay): every
+    other key group of each instance to the other one. The figures of each move."""
     from streamz import Stream
 
     import streamlb
@@ -115,21 +125,29 @@ def _run(client, path, strategy, batch=BATCH):
     if strategy == "lazy-pull":
         agg.map(_nothing).sink_to_list()        # its values are read per batch: lazy must pull
         strategy = "lazy"
+    moves = []
     with streamlb.run(src, client=client, key_groups=256, window=0.1) as job:
-        time.sleep(max(0.0, _move_time(client, MOVE_AT, PHASE) - time.time()))
-        held = sum(job.state_size("n").values())
-        table = job.routing("n")
-        # every other key group of each instance moves to the other one: half the state
-        # moves and the load per instance stays the same
-        swap = {g: 1 - i for i in (0, 1) for g in table.key_groups_of(i)[::2]}
-        job.reassign("n", swap, strategy=strategy)
-        epochs = job.history
+        for t in at:
+            time.sleep(max(0.0, _move_time(client, t, PHASE) - time.time()))
+            held = sum(job.state_size("n").values())
+            table = job.routing("n")
+            # every other key group of each instance moves to the other one: half the state
+            # moves and the load per instance stays the same
+            swap = {g: 1 - i for i in (0, 1) for g in table.key_groups_of(i)[::2]}
+            before = len(job.history)
+            job.reassign("n", swap, strategy=strategy)
+            moves.append((held, job.history[before:]))
         job.wait()
         m = job.metrics()
     rss = client.run(_collect)
-    start, end = epochs[0]["started"], epochs[-1]["completed"]
     ops = m[m.operator == "n"].copy()
     ops["t"] = ops.window_start.astype("int64") / 1e9
+    return [_figures(ops, rss, held, epochs) for held, epochs in moves]
+
+
+def _figures(ops, rss, held: int, epochs: list) -> dict:
+    """One move's figures from the operator's load windows and the workers' memory."""
+    start, end = epochs[0]["started"], epochs[-1]["completed"]
     during = ops[(ops.t >= start - 0.1) & (ops.t <= end + 0.3)]
     steady = ops[(ops.t >= start - 1.6) & (ops.t < start - 0.2)]
     mem_during = max(r for samples in rss.values() for t, r in samples if start <= t <= end + 0.3)
@@ -200,6 +218,34 @@ class LargeStateMigration(_OneShot):
     track_migration_seconds.unit = "s"
 
 
+def steady_dataset(moves: int, gap: float = GAP) -> str:
+    """A log for ``moves`` moves ``gap`` seconds apart, the first at MOVE_AT: its first HELD
+    rows hold every key once (shuffled), the rest are keys drawn uniformly among them, so
+    from MOVE_AT on every move finds the same HELD keys (about LargeStateMigration's state
+    at its move) where a log of new keys would grow the state from move to move. Written
+    with numpy and pyarrow (no streamlb: any commit's ``ab.py`` run reads the same files),
+    as the Zipf logs are: 4 files, rows dealt round robin, a millisecond of event time each."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = int(RATE * (MOVE_AT + moves * gap + 1.0))
+    path = os.path.abspath(os.path.join(DATA, f"steady-{rows}-{HELD}"))
+    if os.path.exists(os.path.join(path, "_SUCCESS")):
+        return path
+    rng = np.random.default_rng(0)
+    keys = np.concatenate([rng.permutation(HELD), rng.integers(0, HELD, max(0, rows - HELD))])[:rows]
+    values = rng.integers(0, 1000, rows).astype(np.float64)
+    times = np.datetime64("2026-01-01", "us") + np.arange(rows) * np.timedelta64(1, "ms")
+    for p in range(4):
+        os.makedirs(os.path.join(path, f"part={p}"), exist_ok=True)
+        pq.write_table(pa.table({"key": keys[p::4], "value": values[p::4], "event_time": times[p::4]}),
+                       os.path.join(path, f"part={p}", "part-0.parquet"))
+    open(os.path.join(path, "_SUCCESS"), "w").close()
+    return path
+
+
 def main(argv=None) -> None:
     """``python -m benchmarks.migration --strategy lazy [--batch N] [--runs R]``: ``_run`` on
     a fresh 2-worker cluster per run, one JSON line each (``asv_bench/ab.py --bench migration``
@@ -213,13 +259,18 @@ def main(argv=None) -> None:
     p.add_argument("--strategy", default="lazy", choices=STRATEGIES)
     p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--moves", type=int, default=1,
+                   help="moves per run, GAP s apart, over steady_dataset's log (default 1: "
+                        "LargeStateMigration's job and move)")
     a = p.parse_args(argv)
-    path = zipf_dataset(ROWS, KEYS, 0.0, partitions=4)
+    at = [MOVE_AT + k * GAP for k in range(a.moves)]
+    path = zipf_dataset(ROWS, KEYS, 0.0, partitions=4) if a.moves == 1 else steady_dataset(a.moves)
     for _ in range(a.runs):
         quiet()
         cl, client = cluster(2)
         with cl, client:
-            print(json.dumps(_run(client, path, a.strategy, a.batch)), flush=True)
+            for k, fig in enumerate(_moves(client, path, a.strategy, a.batch, at)):
+                print(json.dumps({"move": k, **fig}), flush=True)
 
 
 if __name__ == "__main__":
