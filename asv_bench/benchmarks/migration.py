@@ -162,10 +162,16 @@ def _figures(ops, rss, held: int, epochs: list) -> dict:
         "window_p99_steady_ms": float(steady.latency_p99_ms.quantile(0.99)),
         "rss_ratio": mem_during / mem_steady,
         "first_record_ms": (min(first) - start) * 1e3 if first else float("nan"),
+        # the same of the first epoch alone (fluid: the figure above comes from whichever
+        # epoch first held a row for its state, which differs from run to run)
+        "first_epoch_record_ms": ((epochs[0]["first_moved_record_applied"] - start) * 1e3
+                                  if epochs[0]["first_moved_record_applied"] else float("nan")),
         # the plan until every router routes by the new table (no source clock in it)
         "switch_ms": (epochs[0].get("routers_switched", float("nan")) - start) * 1e3,
         "migration_s": end - start,
         "epochs": len(epochs),
+        "epochs_that_held": len(first),       # epochs in which a row waited for its state
+        "first_held_epoch": next((i for i, e in enumerate(epochs) if e["first_moved_record_applied"]), -1),
     }
 
 
