@@ -229,8 +229,9 @@ def steady_dataset(moves: int, gap: float = GAP) -> str:
     rows hold every key once (shuffled), the rest are keys drawn uniformly among them, so
     from MOVE_AT on every move finds the same HELD keys (about LargeStateMigration's state
     at its move) where a log of new keys would grow the state from move to move. Written
-    with numpy and pyarrow (no streamlb: any commit's ``ab.py`` run reads the same files),
-    as the Zipf logs are: 4 files, rows dealt round robin, a millisecond of event time each."""
+    with numpy and pyarrow (no streamlb: any commit's ``ab.py`` run reads the same files):
+    4 files, rows dealt round robin, a millisecond of event time a row (as in the Zipf log
+    LargeStateMigration reads)."""
     import os
 
     import pyarrow as pa
@@ -253,11 +254,12 @@ def steady_dataset(moves: int, gap: float = GAP) -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m benchmarks.migration --strategy lazy [--batch N] [--runs R]``: ``_run`` on
-    a fresh 2-worker cluster per run, one JSON line each (``asv_bench/ab.py --bench migration``
-    runs it with two commits alternating). ``--batch`` sets the sources' rows per batch: at
-    the default 20,000 a source emits every 67 ms, and the phase of that clock against the
-    plan dominates ``first_record_ms``; smaller batches show the protocol's own share."""
+    """``python -m benchmarks.migration --strategy lazy [--batch N] [--runs R] [--moves K]``:
+    ``_run`` (K moves: ``_moves``) on a fresh 2-worker cluster per run, one JSON line per
+    move (``asv_bench/ab.py --bench migration`` runs it with two commits alternating).
+    ``--batch`` sets the sources' rows per batch: at the default 20,000 a source emits every
+    67 ms, and the phase of that clock against the plan dominates ``first_record_ms``;
+    smaller batches show the protocol's own share."""
     import argparse
     import json
 
