@@ -98,8 +98,7 @@ class _SpeedupOverStatic(_OneShot):
     """Tracks for a ``setup_cache`` returning records/s per (balancer, first table), ``static``
     included."""
 
-    params = [None, FIRST_TABLES]           # a subclass puts its balancers first
-    param_names = ["balancer", "first_table"]
+    param_names = ["balancer", "first_table"]     # a subclass's params: [its balancers, FIRST_TABLES]
 
     def track_records_per_second(self, r, balancer, first_table):
         return r[(balancer, first_table)]
