@@ -21,8 +21,10 @@ all-at-once move spikes it. Here, for each query of ``--queries`` (default q3 q4
    records it applied in the windows that overlap the move, from the plan's first epoch
    start to 0.5 s after its last epoch completed (rows held during the move are applied
    then); p99 is of every record, from the windows' histograms added up. Steady p99: the
-   same over the 2 s before the move. The move's seconds: first epoch start to last epoch
-   completed (``Job.history``). Exact: the output against PySpark batch SQL
+   same over the 2 s before the move. Max outside the move: the highest latency of the
+   rest of the run (every window before the move or from 0.5 s after it, past the first
+   5 s of reading): what the query reaches with nothing moving. The move's seconds: first
+   epoch start to last epoch completed (``Job.history``). Exact: the output against PySpark batch SQL
    (``streamlb.nexmark._truth``), every row and value.
 
 The operator moved (the query's keyed join, window or process that holds its state):
@@ -40,9 +42,13 @@ q7      ``q7_top``        each open tumbling window's bids, keyed by the window'
 q8      ``q8_join``       the window join of new people and their auctions
 ======  ================  =====================================================================
 
-Prints a table per query (strategy, max ms, p99 ms, steady p99 ms, move s, epochs, exact),
+Prints a table per query (strategy, max ms, p99 ms, steady p99 ms, max outside the move ms,
+move s, epochs, the rows the operator held when the move was asked for (a join: both
+sides), exact),
 the ratio of all-at-once's max latency to fluid's and lazy's (the goal: 10x or more), one
-JSON line with every figure (and when the first epoch passed each phase: ``phases``), and
+JSON line with every figure (and when the first epoch passed each phase: ``phases``; per
+operator, batches applied and busy seconds per second in the 10 s before the move and after
+it: ``operators``), and
 writes a PNG of latency over time per strategy, one panel per query (``--out``, default
 ``docs/images/nexmark-megaphone.png``). Exit code 1 if an output is not exact or a move
 failed (the run goes on to the next).
@@ -82,6 +88,7 @@ WINDOW = 0.1            # seconds per load window: the resolution of latency ove
 WARMUP = 1 / 3          # of the run's expected length, before the move
 SETTLE = 0.5            # seconds after the move whose windows still count as during it
 STEADY = 2.0            # seconds before the move that give its steady latency
+SKIP = 5.0              # seconds from the first read that ``max_outside_ms`` leaves out (start-up)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -123,8 +130,9 @@ def _move_at(job, delay: float, query: str, strategy: str, box: dict) -> None:
     try:
         stage = moved_operator(job, query)
         plan = quarter(job.routing(stage.name), job.parallelism(stage.name))
+        held = job.state_size(stage.name)       # rows (a join's: both sides') per instance
         box.update(operator=stage.name, kind=stage.kind, groups=len(plan), key_groups=job.key_groups,
-                   asked=time.time())
+                   held=sum(held.values()), asked=time.time())
         job.reassign(stage.name, plan, strategy=strategy)
     except Exception as exc:          # reported once the job finished
         box["error"] = exc
@@ -184,18 +192,36 @@ def _run(query: str, path: str, man: dict, rate: float, strategy: str, workers: 
     ops = metrics[metrics.operator == box["operator"]]
     during = ops[(ops.t + WINDOW > start) & (ops.t < end + SETTLE)]
     steady = ops[(ops.t >= start - STEADY) & (ops.t + WINDOW <= start)]
+    # the rest of the run, past its first seconds: how high latency goes with no move at all
+    outside = ops[(ops.t >= read.t.min() + SKIP) & ((ops.t + WINDOW <= start) | (ops.t >= end + SETTLE))]
     lat, calm = _latencies(during), _latencies(steady)
     series = ops.groupby("t").latency_max_ms.max()
     diff = differences(query, result(query, out), want)
     return {
         "operator": box["operator"], "kind": box["kind"], "groups": box["groups"], "key_groups": box["key_groups"],
-        "max_ms": lat["max"], "p99_ms": lat["p99"], "steady_p99_ms": calm["p99"], "move_s": end - start,
+        "held": box["held"], "max_ms": lat["max"], "p99_ms": lat["p99"], "steady_p99_ms": calm["p99"],
+        "max_outside_ms": _latencies(outside)["max"], "move_s": end - start,
         "epochs": len(epochs), "exact": diff is None, "difference": diff, "phases": phases(epochs),
         "failed": str(box["error"]).splitlines()[0][:200] if "error" in box else None,
         # the sources had read all the input before the move completed
         "outlasted": bool(end > read.t.max() + WINDOW),
+        "operators": around(metrics, start, end),
         "series": {"t": (series.index - start).tolist(), "max_ms": series.tolist()},
     }
+
+
+def around(metrics, start: float, end: float, span: float = 10.0) -> dict:
+    """Per operator, batches applied and busy seconds per second (all its instances) over
+    the ``span`` seconds before the move and the ``span`` seconds from 0.5 s after it: what
+    the move changed in the work of every operator, not only the one moved."""
+    out = {}
+    for name, ops in metrics.groupby("operator"):
+        out[name] = {}
+        for when, lo in (("before", start - span), ("after", end + SETTLE)):
+            w = ops[(ops.t >= lo) & (ops.t + WINDOW <= lo + span)]
+            out[name][when] = {"batches_per_s": round(float(w.batches.sum()) / span, 1),
+                               "busy_per_s": round(float(w.busy_seconds.sum()) / span, 3)}
+    return out
 
 
 def phases(epochs: list) -> dict | None:
@@ -211,10 +237,12 @@ def phases(epochs: list) -> dict | None:
 
 def _table(runs: dict) -> str:
     """The figures of ``runs`` (strategy -> :func:`run`'s), a line each."""
-    lines = [f"{'strategy':<14} {'max ms':>9} {'p99 ms':>9} {'steady p99 ms':>14} {'move s':>7} {'epochs':>6}  exact"]
+    lines = [f"{'strategy':<14} {'max ms':>9} {'p99 ms':>9} {'steady p99 ms':>14} {'max outside ms':>15} "
+             f"{'move s':>7} {'epochs':>6} {'rows held':>10}  exact"]
     for s, r in runs.items():
         lines.append(f"{s:<14} {r['max_ms']:>9,.1f} {r['p99_ms']:>9,.1f} {r['steady_p99_ms']:>14,.1f} "
-                     f"{r['move_s']:>7.2f} {r['epochs']:>6}  {'yes' if r['exact'] else 'NO'}"
+                     f"{r['max_outside_ms']:>15,.1f} "
+                     f"{r['move_s']:>7.2f} {r['epochs']:>6} {r['held']:>10,}  {'yes' if r['exact'] else 'NO'}"
                      + (f"  (the move failed: {r['failed']})" if r["failed"]
                         else "  (the move outlasted the input)" if r["outlasted"] else ""))
     return "\n".join(lines)
