@@ -25,6 +25,7 @@ from ..planner import SENDERS, Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._checkpoint import Checkpointed, CheckpointSide
+from ._coalesce import coalesce
 from ._combine import records_of
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
@@ -242,7 +243,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
                     self.ctl_deferred.append((sender, msg, fut))
                     continue
             else:
-                sender, msg, fut = self.inbox.popleft()
+                sender, msg, fut = coalesce(self, *self.inbox.popleft())     # queued batches as one
                 if (self.blocked or self.ckpt.blocking) and self.defers(sender):   # past a marker
                     self.deferred.append((sender, msg, fut))
                     continue
@@ -307,7 +308,7 @@ class Instance(EpochParticipant, Readable, Reconfigurable, Checkpointed):
             self._wake.set()
 
     async def _on_batch(self, sender: int, msg: Batch, fut) -> bool:
-        frame, groups = self.op.arrive(msg.frame, sender), msg.groups
+        frame, groups = (msg.frame if msg.arrived else self.op.arrive(msg.frame, sender)), msg.groups
         if msg.partials:
             self.records_in += await self.op.on_partials(msg.partials, msg.emitted)
             if not len(frame):

@@ -31,13 +31,15 @@ class Batch:
     """Rows for an owner, with the key group of each row (computed once, by the router;
     None after a non-keyed exchange), when the source emitted them, and, in a lazy epoch,
     what the rows need. ``partials``: rows of split keys this instance aggregates for
-    their homes, ``(home, rows, groups)``."""
+    their homes, ``(home, rows, groups)``. ``arrived``: batches queued here, applied as one
+    (:mod:`._coalesce`), each already marked as its sender's (``OperatorLogic.arrive``)."""
 
     frame: pd.DataFrame
     emitted: float
     groups: np.ndarray | None = None
     need: LazyNeed | None = None
     partials: tuple = ()
+    arrived: bool = False
 
 
 @dataclass(frozen=True)
