@@ -79,6 +79,16 @@ def test_coalesce_makes_one_batch_whose_future_sets_every_parts():
         await asyncio.sleep(0)
         assert futs[0].done() and futs[1].done() and not futs[2].done() and not futs[3].done()
 
+        # a range index is numbered afresh; other labels are kept; the two kinds never mix
+        b1, b2 = _batch(2, 1), _batch(3, 2)
+        labelled = Batch(b2.frame.set_axis([0, 2, 5]), 1.0, b2.groups)       # as a filter leaves them
+        inst = _instance([(1, Batch(b1.frame.set_axis([7, 9]), 1.0, b1.groups), None), (2, b1, None)])
+        _, msg, _ = coalesce(inst, 0, labelled, None)
+        assert msg.frame.index.tolist() == [0, 2, 5, 7, 9] and len(inst.inbox.ready) == 1
+        inst = _instance([(1, b1, None)])
+        _, msg, _ = coalesce(inst, 0, b2, None)
+        assert isinstance(msg.frame.index, pd.RangeIndex) and msg.frame.index.tolist() == [0, 1, 2, 3, 4]
+
         # nothing is gathered while key groups move here, nor combined rows, nor alone
         inst = _instance([(1, _batch(3, 1), None)], moving=True)
         first = _batch(4, 0)

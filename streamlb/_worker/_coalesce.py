@@ -16,10 +16,10 @@ sender's batch ahead of such a message is an order that could have happened. Not
 gathered while the instance aligns an epoch or a checkpoint, while key groups move to it,
 for batches of a lazy epoch or with split-key partials, for combined batches (one row per
 distinct key: an aggregate merges them as such, and two of them together would hold a key
-twice), or across batches with other columns or dtypes (a join's two sides). Batches of
-:data:`MAX_ROWS` rows or more go alone, so full-speed batches are not copied. The merged
-batch counts as emitted when its oldest part was, so a latency measured on it is never
-below its records' own.
+twice), or across batches with other columns, dtypes or kind of index (a join's two
+sides). Batches of :data:`MAX_ROWS` rows or more go alone, so full-speed batches are not
+copied. The merged batch counts as emitted when its oldest part was, so a latency measured
+on it is never below its records' own.
 """
 from __future__ import annotations
 
@@ -46,9 +46,17 @@ def _gatherable(inst, msg) -> bool:
 
 
 def _same_kind(a: Batch, b: Batch) -> bool:
+    """Batches that make one frame of the same columns, dtypes and kind of index as each
+    (a Parquet sink keeps an index that is not a range as a column: every batch it writes
+    must have one, or none)."""
     fa, fb = a.frame, b.frame
     return ((a.groups is None) == (b.groups is None) and fa.columns.equals(fb.columns)
-            and fa.dtypes.equals(fb.dtypes))
+            and fa.dtypes.equals(fb.dtypes) and _ranged(fa) == _ranged(fb)
+            and (_ranged(fa) or (fa.index.dtype == fb.index.dtype and fa.index.names == fb.index.names)))
+
+
+def _ranged(frame: pd.DataFrame) -> bool:
+    return isinstance(frame.index, pd.RangeIndex)
 
 
 def gather(ready, first: tuple) -> list:
@@ -79,7 +87,8 @@ def coalesce(inst, sender: int, msg, fut) -> tuple:
     if len(parts) == 1:
         return sender, msg, fut
     try:
-        frame = pd.concat([inst.op.arrive(m.frame, s) for s, m, _ in parts], ignore_index=True)
+        # a range index stays one (numbered afresh); any other keeps each part's labels
+        frame = pd.concat([inst.op.arrive(m.frame, s) for s, m, _ in parts], ignore_index=_ranged(msg.frame))
     except Exception:       # a batch it cannot take: each goes alone, and fails where it would have
         inst.inbox.ready.extendleft(reversed(parts[1:]))
         return sender, msg, fut
