@@ -89,12 +89,28 @@ def test_coalesce_makes_one_batch_whose_future_sets_every_parts():
         _, msg, _ = coalesce(inst, 0, b2, None)
         assert isinstance(msg.frame.index, pd.RangeIndex) and msg.frame.index.tolist() == [0, 1, 2, 3, 4]
 
-        # nothing is gathered while key groups move here, nor combined rows, nor alone
+        # nothing is gathered while key groups move here
         inst = _instance([(1, _batch(3, 1), None)], moving=True)
         first = _batch(4, 0)
         assert coalesce(inst, 0, first, None)[1] is first
         assert len(inst.inbox.ready) == 1
     asyncio.run(go())
+
+
+def test_combined_rows_an_aligning_instance_and_full_batches_go_alone():
+    from streamlb._worker._combine import RECORDS
+
+    def alone(inst, first):
+        got = coalesce(inst, 0, first, None)[1]
+        return got is first and len(inst.inbox.ready) == 1
+
+    combined = _batch(3, 0).frame.assign(**{RECORDS: 1.0})
+    assert alone(_instance([(1, Batch(combined, 0.0, np.zeros(3, np.int64)), None)]),
+                 Batch(combined, 0.0, np.zeros(3, np.int64)))        # two would hold a key twice
+    aligning = _instance([(1, _batch(3, 1), None)])
+    aligning.blocked.add(2)                                          # an epoch's marker came from 2
+    assert alone(aligning, _batch(4, 0))
+    assert alone(_instance([(1, _batch(3, 1), None)]), _batch(MAX_ROWS, 0))
 
 
 @pytest.fixture(scope="module")
