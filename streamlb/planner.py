@@ -263,6 +263,7 @@ class _Planner:
             )
         elif isinstance(n, sz_sources.from_iterable):
             items = list(n._iterable)
+            n._iterable = items     # an iterator reads once, and run() plans twice (a check first)
             for i, item in enumerate(items):
                 if not isinstance(item, (dict, pd.DataFrame)):
                     raise PipelineError(

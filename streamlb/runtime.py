@@ -41,6 +41,10 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         restart_attempts: int | None = None, state_backend: str | None = None) -> Job:
     """Plan and start the pipeline that ``node`` belongs to; return its :class:`Job`.
 
+    A graph that cannot run (a missing path or column, a window without a watermark, an
+    unsupported node, two operators of one name, a function that cannot be pickled) is
+    refused before a cluster is started or reached.
+
     Parameters
     ----------
     node : streamz.Stream
@@ -106,6 +110,8 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         balancer_options=balancer_options, autoscale=autoscale, scaler=scaler, scaler_options=scaler_options,
         checkpoint=checkpoint, checkpoint_interval=checkpoint_interval, restore=restore,
         restart_attempts=restart_attempts, state_backend=state_backend)
+    if client is None:              # nothing is started or reached for a graph that cannot run
+        _launch.check_graph(node, options)
     with _launch.connected(options, client) as (client, cluster, owned):
         workers, p, ranges = _launch.plan_on(client, node, options)
         job = Job(p, client, cluster, workers, options, owns_client=owned)

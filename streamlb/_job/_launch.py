@@ -17,7 +17,7 @@ import threading
 from ..exceptions import SchedulerUnreachableError, StreamlbError
 from ._options import RunOptions
 
-__all__ = ["connected", "plan_on", "start_autoscaling", "workers_ignore_ctrl_c"]
+__all__ = ["check_graph", "connected", "plan_on", "start_autoscaling", "workers_ignore_ctrl_c"]
 
 
 @contextlib.contextmanager
@@ -35,6 +35,11 @@ def workers_ignore_ctrl_c():
         signal.signal(signal.SIGINT, previous)
 
 
+def _local_workers(options: RunOptions) -> int:
+    """Worker processes of an embedded cluster: ``n_workers``, else the cores, at most 4."""
+    return options.n_workers or min(os.cpu_count() or 1, 4)
+
+
 def _connect(options: RunOptions):
     """A client of the scheduler at ``options.address`` (no cluster), or of a new embedded
     ``LocalCluster`` (and the cluster)."""
@@ -46,7 +51,7 @@ def _connect(options: RunOptions):
 
         with workers_ignore_ctrl_c():
             cluster = LocalCluster(
-                n_workers=n_workers or min(os.cpu_count() or 1, 4), threads_per_worker=1,
+                n_workers=_local_workers(options), threads_per_worker=1,
                 processes=True, dashboard_address=":0", silence_logs=logging.ERROR, plugins={QuietClose()},
             )
         return Client(cluster), cluster
@@ -92,24 +97,49 @@ def connected(options: RunOptions, client=None):
         raise
 
 
-def plan_on(client, node, options: RunOptions):
-    """``(workers, plan, autoscale ranges)``: the graph of ``node`` planned on the
-    cluster's workers, a restored checkpoint checked against it."""
-    from .._placement import cluster_workers
-    from ..planner import pace_batches, plan
+def _checked_plan(node, options: RunOptions, workers: int):
+    """``(plan, autoscale ranges)`` of the graph of ``node`` on ``workers`` workers: every
+    planner check (paths, Parquet schemas and columns, event time, supported nodes, unique
+    names, user functions pickled), a restored checkpoint checked against it."""
+    from ..planner import plan
 
-    workers = sorted(cluster_workers(client))
-    if not workers:
-        raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
-    p = plan(node, workers=len(workers), key_groups=options.key_groups, batch_size=options.batch_size,
+    p = plan(node, workers=workers, key_groups=options.key_groups, batch_size=options.batch_size,
              parallelism=options.parallelism)
-    options.stamp_state(p.stages)
-    pace_batches(p, options.window, given=options.batch_size_given)
     if options.restored is not None:
         from .._checkpoint._restore import check_compatible
 
         check_compatible(options.restored, p, options.key_groups, options.restore)
     ranges = options.autoscale_ranges(p.stages) if options.scaling is not None else {}
+    return p, ranges
+
+
+def check_graph(node, options: RunOptions) -> None:
+    """Raise what planning ``node``'s graph raises, before any cluster is started or reached.
+
+    The graph is planned on a nominal worker count (``n_workers``, else what an embedded
+    cluster would start): no check depends on how many workers there are, only the
+    parallelism of the plan does, and :func:`plan_on` plans again on the real workers.
+    Warnings of planning are left to that real plan, so each shows once.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _checked_plan(node, options, _local_workers(options))
+
+
+def plan_on(client, node, options: RunOptions):
+    """``(workers, plan, autoscale ranges)``: the graph of ``node`` planned on the
+    cluster's workers, a restored checkpoint checked against it."""
+    from .._placement import cluster_workers
+    from ..planner import pace_batches
+
+    workers = sorted(cluster_workers(client))
+    if not workers:
+        raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
+    p, ranges = _checked_plan(node, options, len(workers))
+    options.stamp_state(p.stages)
+    pace_batches(p, options.window, given=options.batch_size_given)
     return workers, p, ranges
 
 
