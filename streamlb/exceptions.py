@@ -48,7 +48,8 @@ class UnpicklableFunctionError(StreamlbError, TypeError):
 
 
 class InputPathError(StreamlbError, FileNotFoundError):
-    """An input path is absent or holds no data files."""
+    """An input path is absent or holds no data files, or one of its files does not open
+    as Parquet (corrupt, cut short, not Parquet at all)."""
 
 
 class SchedulerUnreachableError(StreamlbError, OSError):

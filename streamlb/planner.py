@@ -1,6 +1,7 @@
 """Cut a streamz graph into stages at exchanges; check it before anything starts."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from dataclasses import dataclass, field
@@ -162,7 +163,7 @@ def _time_range(files: list[str], column: str | None) -> tuple[float, float] | N
 
     lo, hi = [], []
     for f in files:
-        md = pq.ParquetFile(f).metadata
+        md = input_file(f).metadata
         names = md.schema.to_arrow_schema().names
         if column not in names:
             raise SchemaError(
@@ -172,7 +173,8 @@ def _time_range(files: list[str], column: str | None) -> tuple[float, float] | N
         for rg in range(md.num_row_groups):
             st = md.row_group(rg).column(i).statistics
             if st is None or not st.has_min_max:
-                t = pq.read_table(f, columns=[column]).column(0)
+                with _reading(f):
+                    t = pq.read_table(f, columns=[column]).column(0)
                 import pyarrow.compute as pc
 
                 mm = pc.min_max(t)
@@ -192,9 +194,32 @@ def _seconds(v) -> float:
 
 
 def _row_counts(files: list[str]) -> list[int]:
+    return [input_file(f).metadata.num_rows for f in files]
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """Turn pyarrow's error reading input file ``path`` (a bare ``ArrowInvalid`` or
+    ``OSError`` that names no file) into an InputPathError naming it and what to do."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        raise InputPathError(
+            f"input file {path!r} is not a readable Parquet file ({exc}); rewrite or remove it, or rename it "
+            "to start with '_' or '.' to have it skipped (a file still being written should be written under "
+            "such a name and renamed into place)") from exc
+
+
+def input_file(path: str):
+    """``pyarrow.parquet.ParquetFile(path)`` of an input file being planned; a file that
+    does not open as Parquet (corrupt, cut short, not Parquet at all) raises InputPathError
+    naming it."""
     import pyarrow.parquet as pq
 
-    return [pq.ParquetFile(f).metadata.num_rows for f in files]
+    with _reading(path):
+        return pq.ParquetFile(path)
 
 
 def assign_files(files: list[str], rows: list[int], parallelism: int) -> list[list[str]]:
