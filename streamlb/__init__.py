@@ -17,6 +17,7 @@ from .exceptions import (
     SchedulerUnreachableError,
     SchemaError,
     StreamlbError,
+    StreamlbWarning,
     UnpicklableFunctionError,
     UserFunctionError,
 )
@@ -77,4 +78,5 @@ __all__ = [
     "MigrationError",
     "CommandError",
     "CheckpointError",
+    "StreamlbWarning",
 ]

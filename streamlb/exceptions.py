@@ -21,6 +21,7 @@ __all__ = [
     "ReconfigurationError",
     "CommandError",
     "CheckpointError",
+    "StreamlbWarning",
 ]
 
 
@@ -108,3 +109,10 @@ class CheckpointError(StreamlbError, RuntimeError):
     the checkpoint is partial or corrupt (no manifest, a missing file, a checksum mismatch),
     or the graph restored into does not match it. The message names the file or the
     mismatch."""
+
+
+class StreamlbWarning(UserWarning):
+    """Something that runs but probably not as meant, said when the job is planned: e.g. a
+    ``sink`` whose function changes a list, dict, set or deque of the driver, which stays
+    unchanged there (the function runs on a worker, on its own copy). Silence it with
+    ``warnings.filterwarnings("ignore", category=streamlb.StreamlbWarning)``."""

@@ -23,6 +23,7 @@ from . import _nodes_kafka
 from . import _nodes_select
 from .exceptions import InputPathError, PipelineError, SchemaError
 from ._plan_step import Step, _ship
+from ._sink_state import warn_driver_state
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
 
@@ -394,6 +395,7 @@ class _Planner:
                 sid = len(self.list_sinks)
                 self.list_sinks[sid] = owner
                 return Step("list_sink", target=sid)
+            warn_driver_state(n, n.func)
             return Step("sink", func=_ship(n.func, stage.name), args=n.args, kwargs=n.kwargs)
         if isinstance(n, sz.flatten):
             return Step("flatten", children=self.children(n, stage))

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -451,6 +452,28 @@ class Job:
         """Records read, wall seconds from the first source start to the last finish,
         and records/s."""
         return self._results.summary()
+
+    def results(self, sink=None) -> Iterator[Any]:
+        """Iterate over what a list sink receives, as the job produces it, in the driver.
+
+        Yields each item (a batch, as a rule a DataFrame) the job delivers to the list sink,
+        from the first, while the job runs; ends when the job has finished (or was
+        stopped), raises as :meth:`wait` does if it fails. Iterating drives the job as
+        :meth:`wait` does (Ctrl-C stops it). With ``checkpoint=`` an item comes once the
+        checkpoint that covers it completed, so each comes exactly once across recoveries.
+
+        Parameters
+        ----------
+        sink : list or streamz sink node, optional
+            The list ``.sink_to_list()`` returned, or the ``L`` of ``.sink(L.append)`` (or
+            that sink node); optional when the job has one list sink.
+
+        Raises
+        ------
+        PipelineError
+            If ``sink`` is not a list sink of this job, or is omitted and the job has several.
+        """
+        return self._results.results(sink)
 
     def dead_letters(self) -> pd.DataFrame:
         """Records set aside instead of failing the job, with the reason.

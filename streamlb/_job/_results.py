@@ -47,6 +47,8 @@ class Results:
         self.last: list[dict] = []              # the rows of the last poll
         self.dead: list[dict] = []              # dead letters
         self.retired_metrics: list[dict] = []   # load windows of instances no longer there
+        # where each list sink's items of this job start: a list may hold items of before
+        self.list_start = {sid: len(items) for sid, items in job.plan.list_sinks.items()}
 
     def take_outputs(self, r: dict) -> None:
         """The list-sink items and dead letters of one instance's poll answer ``r``."""
@@ -61,6 +63,45 @@ class Results:
         if last.get("final") and checkpointer is not None:
             checkpointer.stage_outputs(last["final"], label=None)
         self.retired_metrics.extend(last.get("metrics", ()))
+
+    def _list_sink(self, sink) -> int:
+        """The id of list sink ``sink``: its list, its ``sink`` node, or None for the only one."""
+        sinks = self.job.plan.list_sinks
+        if sink is None:
+            if len(sinks) == 1:
+                return next(iter(sinks))
+            raise PipelineError(f"results(): the job has {len(sinks)} list sinks; pass the list that "
+                                ".sink_to_list() returned (or the L of .sink(L.append))")
+        target = getattr(getattr(sink, "func", None), "__self__", sink)     # a sink node: its list
+        for sid, items in sinks.items():
+            if items is target:
+                return sid
+        raise PipelineError(f"results({type(sink).__name__}): not a list sink of this job; pass the list "
+                            f"that .sink_to_list() returned (or the L of .sink(L.append)): the job has "
+                            f"{len(sinks)}")
+
+    def results(self, sink=None):
+        """See :meth:`streamlb.Job.results`."""
+        return self._follow(self._list_sink(sink))
+
+    def _follow(self, sid: int):
+        job = self.job
+        items, i = job.plan.list_sinks[sid], self.list_start[sid]
+        interval = config.seconds("poll-interval")
+        while True:
+            running = job.status == "running"
+            if running:
+                try:        # wait's own polls, recoveries, commits and Ctrl-C, one interval at a time
+                    job.wait(timeout=interval)
+                except TimeoutError:
+                    pass
+            while i < len(items):
+                yield items[i]
+                i += 1
+            if not running:
+                if job.error is not None:       # failed meanwhile (wait raises it when it sees it)
+                    raise job.error
+                return
 
     def _stage_actors(self, name: str):
         job = self.job
