@@ -9,6 +9,7 @@ __all__ = [
     "StreamlbError",
     "PipelineError",
     "SchemaError",
+    "UnknownOperatorError",
     "KeyTypeError",
     "UnpicklableFunctionError",
     "InputPathError",
@@ -35,6 +36,14 @@ class PipelineError(StreamlbError, ValueError):
 
 class SchemaError(StreamlbError, KeyError):
     """A column the pipeline needs is not in the data."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownOperatorError(StreamlbError, KeyError):
+    """A job has no operator of that name; the message lists the operators it has. Also a
+    ``KeyError``, which :meth:`Job.state` and the other lookups by name raised before."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""

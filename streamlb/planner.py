@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from streamz import core as sz
 from streamz import sinks as sz_sinks
 from streamz import sources as sz_sources
 
+from . import config
 from . import _nodes_join as _nj
 from . import _nodes_time as _nt
 from . import _plan_join
@@ -21,7 +23,7 @@ from ._plan_time import event_time as _event_time
 from . import nodes
 from . import _nodes_kafka
 from . import _nodes_select
-from .exceptions import InputPathError, PipelineError, SchemaError
+from .exceptions import InputPathError, PipelineError, SchemaError, UnknownOperatorError
 from ._plan_step import Step, _ship
 from ._sink_state import warn_driver_state
 
@@ -125,7 +127,7 @@ class Plan:
             if s.name == name:
                 return s
         names = [s.name for s in self.stages if not s.is_source]
-        raise KeyError(f"no operator named {name!r}; operators in this job: {', '.join(names)}")
+        raise UnknownOperatorError(f"no operator named {name!r}; operators in this job: {', '.join(names)}")
 
 
 def _graph(node: Stream) -> list[Stream]:
@@ -288,14 +290,8 @@ class _Planner:
                 event_time=n.event_time, time_range=_time_range(files, n.event_time),
             )
         elif isinstance(n, sz_sources.from_iterable):
-            items = list(n._iterable)
+            items = _iterable_items(n._iterable)
             n._iterable = items     # an iterator reads once, and run() plans twice (a check first)
-            for i, item in enumerate(items):
-                if not isinstance(item, (dict, pd.DataFrame)):
-                    raise PipelineError(
-                        f"from_iterable: item {i} is a {type(item).__name__} ({item!r:.80}); items "
-                        "must be dicts (one record each) or pandas DataFrames (one batch each)"
-                    )
             st = self.new_stage(
                 name=self.unique_name(None, "from_iterable"), kind="iterable_source",
                 parallelism=1, items=items, batch_size=self.batch_size,
@@ -415,15 +411,17 @@ class _Planner:
         (docs/user-guide.md, "One keyed stream, several operators")."""
         downs = [d for d in kb.downstreams if d is not None]
         label = f"key_by({kb.key_name!r})"
+        # streamz holds a plain node (map, filter, sink) after key_by only weakly: one that nothing
+        # else holds is gone by now, so "nothing" is also what a key_by(...).map(f) leaves
+        valid = ("after key_by come only keyed operators: .aggregate(spec), .stateful_map(func), "
+                 ".process(func), .join(other), and .window(...) followed by .aggregate, .apply or .join "
+                 f"(any number of them); map, filter and the like go before key_by, e.g. .map(f).key_by("
+                 f"{kb.key_name!r}), or after the keyed operator")
         if not downs:
-            raise PipelineError(f"{label} is followed by nothing; put .aggregate(...) or .stateful_map(...) after it")
+            raise PipelineError(f"{label} is followed by no keyed operator; {valid}")
         for d in downs:
             if not isinstance(d, (nodes.aggregate, nodes.stateful_map, _nt.window, _nj.join, _nj.process)):
-                raise PipelineError(
-                    f"{label} is followed by node {d}; a keyed stream feeds only aggregate and stateful_map "
-                    "operators, join and process, and window(...) followed by aggregate, apply or join (any "
-                    "number of them): put other nodes before key_by or after the operator"
-                )
+                raise PipelineError(f"{label} is followed by node {d}; {valid}")
         out = []
         for op in downs:
             if isinstance(op, _nt.window):
@@ -467,6 +465,31 @@ class _Planner:
         self.memo[id(op)] = st
         st.children = self.children(op, st)
         return Step("exchange", target=st.id)
+
+
+def _iterable_items(iterable) -> list:
+    """The items of ``Stream.from_iterable``, read at planning and checked. An iterable that
+    is not a collection (a generator, an iterator) may never end: it is read up to the
+    setting ``streamlb.iterable-max-records`` records (a DataFrame item counts its rows), and
+    one with more is refused rather than read for ever."""
+    bound = None if isinstance(iterable, Sized) else int(config.get("iterable-max-records"))
+    items, records = [], 0
+    for i, item in enumerate(iterable):
+        if not isinstance(item, (dict, pd.DataFrame)):
+            raise PipelineError(
+                f"from_iterable: item {i} is a {type(item).__name__} ({item!r:.80}); items "
+                "must be dicts (one record each) or pandas DataFrames (one batch each)"
+            )
+        records += len(item) if isinstance(item, pd.DataFrame) else 1
+        if bound is not None and records > bound:
+            raise PipelineError(
+                f"from_iterable: its {type(iterable).__name__} holds more than {bound:,} records "
+                "(setting streamlb.iterable-max-records), and it is read whole when the job is planned, "
+                "so an endless one would never start; pass a list, or read an unbounded stream with "
+                "Stream.from_kafka_topic(...) or Stream.from_parquet(directory, watch=...)"
+            )
+        items.append(item)
+    return items
 
 
 def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,

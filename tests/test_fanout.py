@@ -41,15 +41,16 @@ def test_anything_but_a_keyed_operator_after_key_by_is_refused_by_name(after, na
     ks = src.key_by("key")
     ks.aggregate(AGG, name="agg")
     node = after(ks)  # noqa: F841 (streamz links downstream nodes weakly)
-    with pytest.raises(PipelineError, match=rf"key_by\('key'\) is followed by node {named}; a keyed stream feeds "
-                                            r"only aggregate and stateful_map operators"):
+    with pytest.raises(PipelineError, match=rf"key_by\('key'\) is followed by node {named}; after key_by come only "
+                                            r"keyed operators: \.aggregate\(spec\), \.stateful_map\(func\)"):
         planner.plan(src, workers=1, key_groups=16, batch_size=100)
 
 
 def test_a_key_by_followed_by_nothing_is_refused():
     src = Stream.from_iterable([{"key": 1, "value": 1.0}])
     src.map(lambda r: r).key_by("key")
-    with pytest.raises(PipelineError, match=r"key_by\('key'\) is followed by nothing; put \.aggregate"):
+    with pytest.raises(PipelineError, match=r"key_by\('key'\) is followed by no keyed operator; after key_by come "
+                                            r"only keyed operators: \.aggregate"):
         planner.plan(src, workers=1, key_groups=16, batch_size=100)
 
 

@@ -165,6 +165,7 @@ class DriverControl(Control):
         raise PipelineError(f"job {self.control.job} runs without a balancer; pass streamlb.run(..., balancer=...)")
 
     def load_trace(self, operator: str, check: Callable[[], object]):
+        check()             # an operator the job does not have is named first
         raise PipelineError(f"job {self.control.job} runs without a balancer, so no load was recorded; "
                             "pass streamlb.run(..., balancer=...)")
 
