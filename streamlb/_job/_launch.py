@@ -49,11 +49,14 @@ def _connect(options: RunOptions):
     if address is None:
         from .._worker._quiet_close import QuietClose
 
+        from ._spawn import embedded
+
         with workers_ignore_ctrl_c():
-            cluster = LocalCluster(
+            # a script that calls run() at top level, with no `if __name__ == "__main__":`, works
+            cluster = embedded(lambda: LocalCluster(
                 n_workers=_local_workers(options), threads_per_worker=1,
                 processes=True, dashboard_address=":0", silence_logs=logging.ERROR, plugins={QuietClose()},
-            )
+            ))
         return Client(cluster), cluster
     timeout = options.connect_timeout
     try:
