@@ -110,18 +110,21 @@ class TestParquetReader(ReaderContract):
             df.to_parquet(files[-1])
             frames.append(df)
         stage = SimpleNamespace(kind="parquet_source", assignment=[files], batch_size=100, columns=None,
-                                event_time=None, file_rows={f: len(d) for f, d in zip(files, frames)})
+                                event_time=None, file_rows={f: len(d) for f, d in zip(files, frames)},
+                                source={"path": str(tmp_path)})
         self.frames = dict(zip(files, frames))
         return open_reader(stage, 0), pd.concat(frames).sort_values("i", ignore_index=True)
 
     def nth(self, rows, split, n):
         return self.frames[split]["i"].iloc[n]
 
-    def test_saved_positions_keep_the_checkpoint_format(self, tmp_path):
+    def test_saved_positions_name_files_relative_to_the_root(self, tmp_path):
+        """Splits are the absolute paths planned; positions name them under the source's root."""
         reader, _ = self.make(tmp_path)
-        splits = reader.splits_at({"files": {reader.stage.assignment[0][1]: 7}, "rows": 7})
+        splits = reader.splits_at({"files": {"part-1.parquet": 7}, "rows": 7})
+        assert [s.split_id for s in splits] == reader.stage.assignment[0]
         assert [s.position for s in splits] == [0, 7, 0]
-        assert reader.save(splits) == {"files": dict(zip(reader.stage.assignment[0], [0, 7, 0]))}
+        assert reader.save(splits) == {"files": {"part-0.parquet": 0, "part-1.parquet": 7, "part-2.parquet": 0}}
 
     def test_files_advance_in_proportion_or_by_event_time(self, tmp_path):
         reader, _ = self.make(tmp_path)
@@ -164,16 +167,16 @@ def test_the_runner_saves_what_was_emitted_and_the_watermark_input_per_split(tmp
     pd.DataFrame({"t": np.zeros(0)}).to_parquet(files[-1])
     stage = SimpleNamespace(kind="parquet_source", name="src", assignment=[files], batch_size=128, columns=None,
                             event_time="t", file_rows={}, total_rows=1000, rate=None, time_range=None,
-                            parallelism=1)
+                            parallelism=1, source={"path": str(tmp_path)})
     out = []
 
     async def emit(batch, emitted):
         out.append(len(batch))
 
     src = Source(stage, 0, emit)
-    asyncio.run(src.run(time.time(), {"files": {files[1]: 100}, "rows": 100}))
+    asyncio.run(src.run(time.time(), {"files": {"part-1.parquet": 100}, "rows": 100}))
     assert sum(out) == 900
     pos = src.position()
-    assert pos["files"] == {files[0]: 500, files[1]: 500, files[2]: 0} and pos["rows"] == 1000
+    assert pos["files"] == {"part-0.parquet": 500, "part-1.parquet": 500, "empty.parquet": 0} and pos["rows"] == 1000
     assert src.watermark_input() == {files[0]: 499.0, files[1]: 1499.0, files[2]: -np.inf}
     assert src.offsets == {files[0]: 500, files[1]: 500, files[2]: 0}

@@ -37,7 +37,7 @@ CHECKPOINT_COLUMNS = ["id", "kind", "epoch", "started", "completed", "duration",
 
 def graph_of(plan, key_groups: int) -> dict:
     """What a restore must find again: each keyed operator's kind, key and aggregate spec,
-    each source's files."""
+    each source's files (relative to its root), root or topic."""
     ops = {}
     for st in plan.stages:
         if st.kind in KEYED_KINDS:
@@ -45,10 +45,23 @@ def graph_of(plan, key_groups: int) -> dict:
             ops[st.name] = {"kind": st.kind, "key": st.key_name, "spec": spec}
             if st.window is not None:
                 ops[st.name]["window"] = {k: st.window[k] for k in ("kind", "size", "slide", "gap", "mode")}
-    sources = {st.name: {"kind": st.kind, "files": [os.path.abspath(f) for f in st.files],
-                         "parallelism": st.parallelism, "replay": bool(st.rate and st.event_time)}
-               for st in plan.stages if st.is_source}
+    sources = {st.name: _source_graph(st) for st in plan.stages if st.is_source}
     return {"key_groups": key_groups, "operators": ops, "sources": sources}
+
+
+def _source_graph(st) -> dict:
+    """A source in a manifest's graph. Its files are named as its positions name them,
+    relative to its ``root`` (a checkpoint written before roots were recorded holds
+    absolute paths and no root)."""
+    from .._sources._parquet import file_key
+
+    out = {"kind": st.kind, "files": [], "parallelism": st.parallelism, "replay": bool(st.rate and st.event_time)}
+    if st.kind in ("parquet_source", "directory_source"):
+        out["root"] = st.source["path"]
+        out["files"] = [file_key(out["root"], f) for f in st.files]
+    elif st.kind == "kafka_source":
+        out["topic"] = st.source["topic"]
+    return out
 
 
 class Checkpointer:
@@ -58,8 +71,11 @@ class Checkpointer:
         from ._files import check_compression
         from ._manifest import checkpoint_ids
 
+        from ._paths import _norm
+
         self.job = job
-        self.url = url
+        # absolute on the driver: the instances write there from their own working directory
+        self.url = _norm(url) if url else None
         self.interval = config.seconds("checkpoint.interval", interval)
         if self.interval <= 0:
             raise CheckpointError(f"checkpoint_interval must be > 0 seconds, got {interval!r}")
@@ -113,6 +129,8 @@ class Checkpointer:
     def take(self, target: str | None = None) -> dict | None:
         """Take a checkpoint now (``target``: a savepoint written there, kept, full);
         returns its manifest, or None if it did not complete."""
+        from ._paths import _norm
+
         job = self.job
         keyed = [st.name for st in job.plan.stages if st.id in job.tables]
         with job.topology_lock:
@@ -120,7 +138,7 @@ class Checkpointer:
                 raise CheckpointError(f"job {job.id} is {job.status}; a checkpoint needs a running job")
             job._migrations.pause_moves(keyed, self.timeout)
             try:
-                return self._take(target)
+                return self._take(_norm(target) if target else None)
             finally:
                 self.in_progress = None
                 job._migrations.resume_moves(keyed)

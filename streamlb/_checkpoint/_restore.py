@@ -8,22 +8,41 @@ stage may also be restored with another number of instances.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 import numpy as np
 
+from .._sources._parquet import file_key
 from ..exceptions import CheckpointError
 from ..routing import RoutingTable
 from ._coordinator import graph_of
 
+logger = logging.getLogger("streamlb.checkpoint")
 
-def check_compatible(restored: tuple[dict, str], plan, key_groups: int, path: str) -> None:
-    """Refuse to restore a checkpoint into a graph it does not fit, naming the mismatch."""
-    manifest = restored[0]
+
+def check_compatible(restored: tuple[dict, str], plan, key_groups: int, path: str, resumed: bool = False) -> None:
+    """Refuse to restore a checkpoint into a graph it does not fit, naming the mismatch
+    (``resumed``: the checkpoint is the latest of the ``checkpoint=`` directory ``path``,
+    which a run resumes from unless told otherwise; the error then says what to do)."""
+    if not resumed:
+        _check(restored[0], plan, key_groups, f"restore from {path!r}")
+        return
+    try:
+        _check(restored[0], plan, key_groups, f"checkpoint={path!r} holds checkpoint {restored[0].get('id')}")
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"{exc}. A run on a checkpoint directory that holds a complete checkpoint resumes from its latest one, "
+            "and this graph does not fit it: give a new checkpoint directory (or empty this one) to start from "
+            "scratch, or restore= a checkpoint or savepoint that fits") from None
+
+
+def _check(manifest: dict, plan, key_groups: int, where: str) -> None:
+    """Raise a CheckpointError, starting with ``where``, at the first thing in which the
+    graph of ``plan`` does not fit the checkpoint of ``manifest``."""
     old = manifest["graph"]
     new = graph_of(plan, key_groups)
-    where = f"restore from {path!r}"
     if old["key_groups"] != key_groups:
         raise CheckpointError(f"{where}: the checkpoint has {old['key_groups']} key groups, this job "
                               f"{key_groups}; run with key_groups={old['key_groups']} "
@@ -43,20 +62,104 @@ def check_compatible(restored: tuple[dict, str], plan, key_groups: int, path: st
         raise CheckpointError(f"{where}: operator {extra[0]!r} of this graph has no state in the checkpoint "
                               f"(it holds {', '.join(old['operators']) or 'none'}); restore into the graph "
                               "that wrote it")
-    for name, src in old["sources"].items():
-        if name not in new["sources"]:
-            raise CheckpointError(f"{where}: the checkpoint reads source {name!r}, which this graph lacks; "
-                                  f"sources here: {', '.join(new['sources'])}")
-        mine = new["sources"][name]
-        if sorted(src["files"]) != sorted(mine["files"]):
-            gone = sorted(set(src["files"]) ^ set(mine["files"]))
-            raise CheckpointError(f"{where}: source {name!r} read other files in the checkpoint: file "
-                                  f"{gone[0]!r} is in one and not the other")
+    pairs = paired_sources(old["sources"], new["sources"], where)
+    for name, was in pairs.items():
+        src, mine = old["sources"][was], new["sources"][name]
+        saved = manifest["sources"].get(was) or []
+        if src["kind"] == "parquet_source":
+            _check_files(where, name, src, mine)
+        elif src["kind"] == "directory_source":
+            _check_directory(where, name, src, mine, saved)
+        elif src["kind"] == "kafka_source":
+            _check_topic(where, name, mine, saved)
         if (src["kind"] == "iterable_source" or src.get("replay")) and src["parallelism"] != mine["parallelism"]:
             what = "from_iterable: its positions count rows" if src["kind"] == "iterable_source" else \
                 "an event-time replay: its positions are times"
             raise CheckpointError(f"{where}: source {name!r} ran as {src['parallelism']} instances and would run "
                                   f"as {mine['parallelism']} ({what} per instance); run on as many workers")
+
+
+def paired_sources(old: dict, new: dict, where: str) -> dict[str, str]:
+    """``{source of the graph: source of the checkpoint it goes on from}``. Sources pair by
+    name; a checkpoint's source whose name the graph lacks pairs with the graph's one
+    unpaired source of its kind, if each side has only one (a source's name comes from its
+    directory or topic, which may change)."""
+    pairs = {n: n for n in old if n in new}
+    left = [n for n in new if n not in old]
+    for n, src in old.items():
+        if n in new:
+            continue
+        kind = src["kind"]
+        same = [m for m in left if new[m]["kind"] == kind]
+        if len(same) != 1 or sum(old[o]["kind"] == kind for o in old if o not in new) != 1:
+            raise CheckpointError(f"{where}: the checkpoint reads source {n!r}, which this graph lacks; "
+                                  f"sources here: {', '.join(new)}")
+        pairs[same[0]] = n
+        left.remove(same[0])
+    return pairs
+
+
+def _few(names) -> str:
+    names = sorted(names)
+    return ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _no_match(where: str, name: str, stored, was: str | None, here: str, what: str = "file") -> CheckpointError:
+    """The error of a restore whose positions of source ``name`` match nothing of it."""
+    return CheckpointError(
+        f"{where}: the positions of source {name!r} name {_few(stored)}{f' (under {was!r})' if was else ''}, "
+        f"which match no {what} of the source here, {here!r}; restore into a source over what the checkpoint "
+        "read (files are named relative to the source's directory, which may move), or start without restore=")
+
+
+def _absolute(root: str, name: str) -> str:
+    return os.path.join(root, *name.split("/"))
+
+
+def _check_files(where: str, name: str, src: dict, mine: dict) -> None:
+    """The checkpoint's files of a Parquet source against the graph's: they must all be
+    there; files the checkpoint did not read are read from their start, but for an
+    event-time replay (its positions are times over every file) and a checkpoint that
+    named its files by absolute path (written before sources had a root)."""
+    if "root" in src:
+        stored, here = set(src["files"]), set(mine["files"])
+    else:
+        stored, here = set(src["files"]), {_absolute(mine["root"], f) for f in mine["files"]}
+    if stored and not stored & here:
+        raise _no_match(where, name, stored, src.get("root"), mine["root"])
+    missing = sorted(stored - here)
+    if missing:
+        raise CheckpointError(f"{where}: source {name!r} read {missing[0]!r} in the checkpoint, which is not among "
+                              f"its files here ({mine['root']!r}); restore over the files the checkpoint read")
+    extra = sorted(here - stored)
+    if extra and (src.get("replay") or "root" not in src):
+        why = "an event-time replay's positions are times over all its files" if src.get("replay") else \
+            "the checkpoint names its files by absolute path"
+        raise CheckpointError(f"{where}: source {name!r} reads {extra[0]!r}, which the checkpoint did not ({why}); "
+                              "restore over the same files")
+    if extra:
+        logger.info("%s: source %r reads %d file(s) the checkpoint did not, from their start: %s",
+                    where, name, len(extra), _few(extra))
+
+
+def _check_directory(where: str, name: str, src: dict, mine: dict, saved: list[dict]) -> None:
+    """A watched directory that is not the one checkpointed must hold some file its
+    positions name (files read already may have been cleaned up from the same directory)."""
+    stored = set()
+    for pos in saved:
+        d = pos.get("directory") or {}
+        stored.update(d.get("files") or {}, d.get("done") or ())
+    if not stored or src.get("root") in (None, mine["root"]):
+        return
+    if not any(os.path.exists(_absolute(mine["root"], f)) for f in stored):
+        raise _no_match(where, name, stored, src["root"], mine["root"])
+
+
+def _check_topic(where: str, name: str, mine: dict, saved: list[dict]) -> None:
+    """Kafka positions (``"<topic>:<partition>"``) must name partitions of the topic read."""
+    stored = {p for pos in saved for p in (pos.get("kafka") or {})}
+    if stored and not any(p.rpartition(":")[0] == mine["topic"] for p in stored):
+        raise _no_match(where, name, stored, None, f"topic {mine['topic']}", what="partition")
 
 
 def restored_tables(manifest: dict, stages) -> dict[int, RoutingTable]:
@@ -105,20 +208,24 @@ def source_positions(manifest: dict, stages, fresh_clock: bool) -> dict:
     from where it was; else (a recovery) the sources keep their clock and catch up."""
     out = {}
     now = time.time()
+    was = paired_sources(manifest["graph"]["sources"], {st.name: {"kind": st.kind} for st in stages if st.is_source},
+                         "restore")
     for st in stages:
-        if not st.is_source or st.name not in manifest["sources"]:
+        if not st.is_source or was.get(st.name) not in manifest["sources"]:
             continue
-        old = manifest["sources"][st.name]
-        emitted: dict[str, int] = {}
-        for pos in old:
-            for f, n in (pos.get("files") or {}).items():
-                emitted[os.path.abspath(f)] = n
+        old = manifest["sources"][was[st.name]]
+        keys = _file_keys(manifest["graph"]["sources"][was[st.name]], st)
+        emitted = {keys(f): n for pos in old for f, n in (pos.get("files") or {}).items()}
         same = len(old) == st.parallelism
         merged = _merged_splits(old)
         for i in range(st.parallelism):
             pos = dict(old[i]) if same else dict(merged)
             pos.pop("ended", None)          # an ended source skips every row and ends again
-            pos["files"] = {f: emitted.get(os.path.abspath(f), 0) for f in st.assignment[i]} if st.files else {}
+            if st.files:
+                root = st.source["path"]
+                pos["files"] = {file_key(root, f): emitted.get(file_key(root, f), 0) for f in st.assignment[i]}
+            else:
+                pos["files"] = {}
             pos.setdefault("rows", 0)
             origin = pos.get("epoch0")
             if fresh_clock or not same:
@@ -133,6 +240,22 @@ def source_positions(manifest: dict, stages, fresh_clock: bool) -> dict:
             pos.setdefault("started_at", now)
             out[(st.id, i)] = (origin, pos)
     return out
+
+
+def _file_keys(saved: dict, st):
+    """How the files the positions of a checkpoint's source name are named here (by
+    :func:`file_key`). A checkpoint written before sources had a root named each file as
+    its source was given, relative to that driver's working directory: the manifest's
+    graph holds its absolute path, which ends with that name."""
+    if "root" in saved or not st.files:
+        return lambda name: name
+    absolute = saved["files"]
+
+    def key(name: str) -> str:
+        tail = os.sep + os.path.normpath(name)
+        found = [f for f in absolute if f == name or f.endswith(tail)]
+        return file_key(st.source["path"], min(found, key=len)) if found else name
+    return key
 
 
 def _merged_splits(old: list[dict]) -> dict:

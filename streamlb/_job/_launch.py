@@ -19,6 +19,8 @@ from ._options import RunOptions
 
 __all__ = ["check_graph", "connected", "plan_on", "start_autoscaling", "workers_ignore_ctrl_c"]
 
+logger = logging.getLogger("streamlb.checkpoint")
+
 
 @contextlib.contextmanager
 def workers_ignore_ctrl_c():
@@ -111,7 +113,8 @@ def _checked_plan(node, options: RunOptions, workers: int):
     if options.restored is not None:
         from .._checkpoint._restore import check_compatible
 
-        check_compatible(options.restored, p, options.key_groups, options.restore)
+        check_compatible(options.restored, p, options.key_groups, options.restore or options.checkpoint,
+                         resumed=options.resumed)
     ranges = options.autoscale_ranges(p.stages) if options.scaling is not None else {}
     return p, ranges
 
@@ -141,6 +144,9 @@ def plan_on(client, node, options: RunOptions):
     if not workers:
         raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
     p, ranges = _checked_plan(node, options, len(workers))
+    if options.resumed:
+        logger.info("checkpoint=%r holds complete checkpoints: resuming from the latest, checkpoint %s "
+                    "(restore= starts from another)", options.checkpoint, options.restored[0].get("id"))
     options.stamp_state(p.stages)
     pace_batches(p, options.window, given=options.batch_size_given)
     return workers, p, ranges

@@ -107,6 +107,19 @@ def _backend(given: str | None) -> str:
     return value
 
 
+def _resumed(checkpoint: str | None) -> tuple[dict, str] | None:
+    """The latest complete checkpoint of the ``checkpoint=`` directory, if it holds one
+    (see :func:`_restored`): a run there resumes from it, as Spark's restart on a checkpoint
+    location does."""
+    from .._checkpoint._manifest import checkpoint_ids
+
+    try:
+        held = checkpoint_ids(checkpoint) if checkpoint is not None else []
+    except OSError:         # not a directory: the writability check names it
+        held = []
+    return _restored(checkpoint) if held else None
+
+
 def _restored(restore: str | None) -> tuple[dict, str] | None:
     """The manifest and base of the checkpoint ``restore`` names, its files verified."""
     if restore is None:
@@ -125,7 +138,8 @@ class RunOptions:
     Built by :meth:`build`; the fields are those of ``run`` (durations in seconds), plus
     ``batch_size_given`` (``batch_size=`` was passed: paced sources keep it), ``scaling``
     (the scaler built for ``autoscale``), ``restored`` (the manifest and base of the
-    checkpoint ``restore`` names) and ``connect_timeout``.
+    checkpoint ``restore`` names, else of the latest complete checkpoint ``checkpoint``
+    holds), ``resumed`` (``restored`` is that latest checkpoint) and ``connect_timeout``.
     """
 
     address: Any
@@ -149,6 +163,7 @@ class RunOptions:
     connect_timeout: float
     state_backend: str = "memory"
     state_dir: str | None = None
+    resumed: bool = False
 
     @classmethod
     def build(cls, *, address: Any = None, n_workers: int | None = None, key_groups: int | None = None,
@@ -183,7 +198,7 @@ class RunOptions:
             from .._migration._epochs import check_strategy
 
             _wrapped(f"run(migration={migration!r})", check_strategy, migration)
-        restored = _restored(restore)
+        restored = _restored(restore) if restore is not None else _resumed(checkpoint)
         if restored is not None and key_groups is None:
             key_groups = restored[0]["graph"]["key_groups"]
         G = config.get("key-groups", key_groups)
@@ -199,7 +214,7 @@ class RunOptions:
             autoscale=_autoscale(autoscale, int(G)), scaling=scaling, checkpoint=checkpoint,
             checkpoint_interval=_seconds("checkpoint_interval", "checkpoint.interval", checkpoint_interval,
                                          CheckpointError),
-            restore=restore, restored=restored,
+            restore=restore, restored=restored, resumed=restore is None and restored is not None,
             restart_attempts=_integer("restart_attempts", "checkpoint.restart-attempts", restart_attempts, low=0),
             connect_timeout=_seconds("connect-timeout", "connect-timeout", None),
             state_backend=_backend(state_backend), state_dir=config.get("state.dir"),

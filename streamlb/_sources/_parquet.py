@@ -1,11 +1,16 @@
 """The Parquet source (``Stream.from_parquet``): one split per file.
 
-A split's id is the file's path as planned (``stage.assignment[index]`` lists the files of
-instance ``index``); its position is the rows of the file before the next one to read. A
-saved position keeps them as ``{"files": {path: rows}}``, the form checkpoints and
-savepoints have always had.
+A split's id is the file's absolute path as planned on the driver (``stage.assignment[index]``
+lists the files of instance ``index``), so a worker whose working directory is not the
+driver's opens the same file; its position is the rows of the file before the next one to
+read. A saved position keeps them as ``{"files": {name: rows}}``, each file named by
+:func:`file_key`, its path relative to the source's root (``stage.source["path"]``): a
+checkpoint then finds its files again whatever the working directory, whether the root is
+given as a relative or an absolute path, and after the directory moved.
 """
 from __future__ import annotations
+
+import os
 
 import pandas as pd
 
@@ -24,10 +29,12 @@ class ParquetReader(SplitReader):
 
     def splits_at(self, saved: dict) -> list[Split]:
         files = saved.get("files") or {}
-        return [Split(f, files.get(f, 0)) for f in self.stage.assignment[self.index]]
+        root = self.stage.source["path"]
+        return [Split(f, files.get(file_key(root, f), 0)) for f in self.stage.assignment[self.index]]
 
     def save(self, splits: list[Split]) -> dict:
-        return {"files": {s.split_id: s.position for s in splits}}
+        root = self.stage.source["path"]
+        return {"files": {file_key(root, s.split_id): s.position for s in splits}}
 
     def _open(self, split: Split) -> None:
         import pyarrow.parquet as pq
@@ -58,6 +65,29 @@ class ParquetReader(SplitReader):
         st = self.stage
         mine = sum(st.file_rows.get(f, 0) for f in st.assignment[self.index]) if st.assignment else 0
         return mine or None
+
+
+def file_key(root: str, path: str) -> str:
+    """How a saved position names file ``path`` of a source rooted at ``root`` (both
+    absolute): its path relative to the root, ``/``-separated.
+
+    >>> file_key("/data/big", "/data/big/2024/part-0.parquet")
+    '2024/part-0.parquet'
+    """
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def source_root(path: str) -> str:
+    """The root of ``from_parquet(path)``, absolute: the directory itself, or the directory
+    of a single file (as the driver's working directory resolves a relative path).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "x.parquet").touch()
+    >>> source_root(str(d / "x.parquet")) == source_root(str(d)) == str(d)
+    True
+    """
+    path = os.path.abspath(path)
+    return os.path.dirname(path) if os.path.isfile(path) else path
 
 
 def _skipping(batches, rows: int):
