@@ -56,6 +56,8 @@ def _check_columns(plan: Plan) -> None:
                         f"operator {st.name!r} needs column {c!r}, which is not in {src.files[0]!r}{after}; "
                         f"columns there: {', '.join(cols)}"
                     )
+            if st.exchange == "keyed":
+                _check_numeric(st, cols, src.files[0], after)
             if st.exchange == "keyed" and isinstance(key, str):
                 t = cols[key]
                 import pyarrow.types as pt
@@ -66,6 +68,22 @@ def _check_columns(plan: Plan) -> None:
                         "key-group hash cannot take; valid key types are integers, booleans and strings"
                     )
                 st.key_kind = "i" if pt.is_integer(t) else "b" if pt.is_boolean(t) else "O"
+
+
+def _check_numeric(st, cols: dict, path: str, after: str) -> None:
+    """Raise SchemaError where aggregate ``st`` sums (or takes the mean, minimum or maximum
+    of) a column whose Parquet type is not a number."""
+    import pyarrow.types as pt
+
+    for c, how in st.spec.values():
+        t = cols[c]
+        if how == "count" or pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) or pt.is_decimal(t):
+            continue
+        raise SchemaError(
+            f"operator {st.name!r}: {how} of column {c!r}, which has type {t} in {path!r}{after}; "
+            f"{how} needs a numeric column (integers, floats, decimals or booleans): write it as "
+            "numbers, or parse it in a map before key_by"
+        )
 
 
 #: An open-loop source (``rate=``) whose batch size nobody chose emits about this many

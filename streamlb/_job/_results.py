@@ -124,6 +124,9 @@ class Results:
             key_groups = self._key_groups(st, key_groups)
         with self._moves_paused(st):
             parts = [f.result() for f in [a.state(key_groups) for a in self._keyed_state(operator)]]
+        # an instance that holds no key knows no column's dtype (its empty frame is float):
+        # joined in, it would turn the others' int64 sums, minima and maxima into floats
+        parts = [p for p in parts if len(p)] or parts[:1]
         if st.kind == "window":       # the open windows, in the output's columns
             out = pd.concat(parts, ignore_index=True)
             return out.sort_values([st.key_name, "window_start", "window_end"], kind="stable").reset_index(drop=True)

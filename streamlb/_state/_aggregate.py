@@ -81,6 +81,7 @@ class AggregateState(StateStore):
         self.inputs = sorted({c for c, _ in spec.values()})
         self.hows = {c: {h for cc, h in spec.values() if cc == c} for c in self.inputs}
         self.dtypes: dict[str, np.dtype] = {}
+        self.judged: set[str] = set()       # text columns whose first values were numbers (clean)
         self.shards = [_AggShard(self, 0, key_groups)]
         self._shard_of = np.zeros(key_groups, np.uint16)    # key group -> shard
         self._splitting: "_PendingSplit | None" = None
@@ -117,20 +118,44 @@ class AggregateState(StateStore):
 
     def clean(self, frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray | None, list[str]]:
         """Coerce the columns that must be numeric (object columns of numbers); the rows
-        whose value there is not a number are bad."""
+        whose value there is not a number are bad.
+
+        Raises
+        ------
+        SchemaError
+            When the first values of a column that this state sees (none held yet) are
+            all text that is not a number: the column is not numeric, which no record
+            set aside would fix.
+        """
         bad = None
         reasons: dict[int, str] = {}
         for c in self.inputs:
             if c not in frame.columns or not (self.hows[c] - {"count"}) or not _textual(frame[c].dtype):
                 continue
             num = pd.to_numeric(frame[c], errors="coerce")
-            wrong = (num.isna() & frame[c].notna()).to_numpy()
+            present = frame[c].notna().to_numpy()
+            wrong = num.isna().to_numpy() & present
+            if c not in self.judged and c not in self.dtypes and present.any():
+                if wrong[present].all():
+                    self._not_numeric(c, frame[c][present])
+                self.judged.add(c)
             if wrong.any():
                 for i in np.flatnonzero(wrong):
                     reasons.setdefault(int(i), f"column {c!r} holds {frame[c].iloc[i]!r}, not a number")
                 bad = wrong if bad is None else bad | wrong
             frame = frame.assign(**{c: num.astype(np.float64)})
         return frame, bad, [reasons[i] for i in sorted(reasons)]
+
+    def _not_numeric(self, c: str, values: pd.Series) -> None:
+        """Raise the SchemaError of :meth:`clean` for column ``c``, whose first ``values``
+        are none of them numbers."""
+        shown = ", ".join(repr(v) for v in values.iloc[:3].tolist())
+        raise SchemaError(
+            f"operator {self.operator!r}: column {c!r} ({values.dtype}, values such as {shown}) holds "
+            f"text, not a number; {'/'.join(sorted(self.hows[c] - {'count'}))} need a numeric column: "
+            "cast it, or parse it in a map before key_by (an odd value that is not a number in a "
+            "column of numbers goes to the dead letters)"
+        )
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
         """Apply one batch; return the slots it touched per shard, for :meth:`frame`."""

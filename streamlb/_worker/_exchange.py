@@ -9,6 +9,7 @@ whole batches round robin, to the shortest queue, or by estimated cost (osg).
 from __future__ import annotations
 
 import asyncio
+import numbers
 import time
 from collections.abc import Callable
 
@@ -163,6 +164,7 @@ class KeyedRouter(_Exchange):
         self.spread_at: dict = {}                      # rows sent per split key and instance
         self.hot = SpaceSaving(spec.hot_keys) if spec.hot_keys else None
         self.combiner = Combiner.of(spec.key_name, spec.combine)
+        self.key_kind: str | None = None               # the operator's keys (see key_kind_of), once seen
         self.floor_lost = False                        # into a window: see watermark()
         self.counts = np.zeros(self.key_groups, np.int64) if spec.balanced else None
         self.routed: np.ndarray | None = None          # records sent per instance, once any
@@ -251,11 +253,17 @@ class KeyedRouter(_Exchange):
                     operator=spec.name, function=describe(key),
                 )
             x = x.assign(**{key_name: keys})
-        bad, reasons = bad_keys(x[key_name])
+        if self.key_kind is None:
+            self.key_kind = key_kind_of(x[key_name])
+        bad, reasons = bad_keys(x[key_name], self.key_kind)
         if bad is not None:
             self.dead.add(spec.name, x[bad], reasons)
             x = x[~bad]
             keys = x[key_name].to_numpy()
+        if keys.dtype == object and self.key_kind in ("i", "b"):
+            # Python ints or bools left in an object column: hashed as the operator's others
+            keys = keys.astype(np.int64 if self.key_kind == "i" else bool)
+            x = x.assign(**{key_name: keys})
         if keys.dtype.kind == "f" and np.array_equal(keys, np.round(keys)):
             keys = keys.astype(np.int64)     # an int column that held nulls, now removed
             x = x.assign(**{key_name: keys})
@@ -345,20 +353,70 @@ def make_exchange(spec: ExchangeSpec, upstream: str, chans: dict[int, OutChannel
     return ShuffleExchange(spec, upstream, chans)
 
 
-def bad_keys(keys: pd.Series) -> tuple[np.ndarray | None, list[str]]:
-    """Rows whose key is null, or not a string in a column of strings, with the reason.
+#: What each kind of key is called in a dead letter's reason.
+KEY_KINDS = {"i": "integers", "b": "booleans", "O": "strings"}
+
+
+def _kind_of(k) -> str | None:
+    """The kind of one key value: ``"O"`` (str), ``"b"`` (bool), ``"i"`` (an integer that
+    int64 holds) or None (anything else)."""
+    if isinstance(k, str):
+        return "O"
+    if isinstance(k, (bool, np.bool_)):
+        return "b"
+    if isinstance(k, numbers.Integral) and -2**63 <= k < 2**63:
+        return "i"
+    return None
+
+
+def key_kind_of(keys: pd.Series) -> str | None:
+    """The kind of key an operator takes, from the first batch its router sees: integers
+    (``"i"``, also a float column of whole numbers and nulls), booleans (``"b"``) or
+    strings (``"O"``) as the column's dtype says; for an object column, the kind most of
+    its keys are. None while no key says (nulls only) or for a type no key may have
+    (the hash then refuses the column with :class:`~streamlb.exceptions.KeyTypeError`).
+
+    >>> key_kind_of(pd.Series([1, 2, "x", 3], dtype=object))
+    'i'
+    >>> key_kind_of(pd.Series(["a", None]))
+    'O'
+    """
+    kind = keys.dtype.kind
+    if kind in "iu":
+        return "i"
+    if kind == "b":
+        return "b"
+    if kind == "f":
+        vals = keys.dropna().to_numpy()
+        return "i" if len(vals) and np.array_equal(vals, np.round(vals)) else None
+    if keys.dtype != object:
+        return "O" if pd.api.types.is_string_dtype(keys.dtype) else None
+    votes = pd.Series([_kind_of(k) for k in keys.dropna()], dtype=object).value_counts()
+    return votes.index[0] if len(votes) else None
+
+
+def bad_keys(keys: pd.Series, kind: str | None) -> tuple[np.ndarray | None, list[str]]:
+    """Rows whose key is null, or not of the operator's ``kind`` (see :func:`key_kind_of`),
+    with the reason naming the column, the key and the kind expected.
 
     Such records go to the dead-letter output; the rest of the batch goes on.
+
+    >>> bad_keys(pd.Series([1, "x", None], dtype=object, name="customer"), "i")[1]
+    ["key 'customer' is str 'x'; this column's keys are integers", "key 'customer' is null"]
     """
     null = keys.isna().to_numpy()
     bad = null
-    if keys.dtype == object:
-        bad = null | ~np.fromiter((isinstance(k, str) for k in keys), bool, len(keys))
+    if kind is not None:
+        if keys.dtype == object:
+            fits = np.fromiter((_kind_of(k) == kind for k in keys), bool, len(keys))
+        else:
+            fits = np.full(len(keys), key_kind_of(keys) in (kind, None))
+        bad = null | ~fits
     if not bad.any():
         return None, []
     reasons = [
         f"key {keys.name!r} is null" if n else
-        f"key {keys.name!r} is {type(k).__name__} {k!r}; this column's keys are strings"
-        for k, n in zip(keys[bad], null[bad])
+        f"key {keys.name!r} is {type(k).__name__} {k!r}; this column's keys are {KEY_KINDS[kind]}"
+        for k, n in zip(keys[bad].tolist(), null[bad])
     ]
     return bad, reasons
