@@ -49,7 +49,8 @@ class join(_Late, _Described):
         ``inner``, ``left``, ``right`` or ``outer`` (interval joins); ``inner`` only for
         regular and window joins.
     between : (duration, duration), optional
-        The interval of an interval join: pandas strings, timedeltas.
+        The interval of an interval join: durations (seconds as numbers, strings with a
+        unit, timedeltas; docs/configuration.md, "Durations").
     ttl : duration, optional
         How long a regular join keeps a row behind the watermark (None: for ever).
     where : callable, optional

@@ -28,8 +28,9 @@ class with_watermark(_Described):
         The event-time column: ``datetime64`` of any precision, or integers with ``unit=``.
     delay : duration
         How far behind the largest event time seen the watermark stays (the disorder the
-        stream may have without records becoming late). Pandas strings (``"10s"``),
-        ``datetime.timedelta`` or ``pd.Timedelta``.
+        stream may have without records becoming late). Seconds (a number), a string with
+        a unit (``"10s"``), ``datetime.timedelta`` or ``pd.Timedelta`` (docs/configuration.md,
+        "Durations"); never in the column's ``unit``.
     idle_timeout : duration
         A split or source instance that emits nothing for this long (processing time) is
         idle and holds no watermark back until it emits again.

@@ -8,6 +8,7 @@ end of the stream.
 from __future__ import annotations
 
 import datetime
+import re
 
 import numpy as np
 import pandas as pd
@@ -17,31 +18,57 @@ from .exceptions import PipelineError, SchemaError
 MIN_TIME = np.iinfo(np.int64).min
 MAX_TIME = np.iinfo(np.int64).max
 
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
 #: ``unit=`` of an integer event-time column, and nanoseconds per unit.
 UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 def duration_ns(value, what: str, *, positive: bool = False, negative: bool = False) -> int:
-    """A duration (pandas string such as ``"10s"``, ``datetime.timedelta``,
-    ``pd.Timedelta``) as integer nanoseconds; ``what`` names the argument in errors.
+    """A duration as integer nanoseconds, by the one rule of every duration streamlb takes
+    (docs/configuration.md, "Durations"); ``what`` names the argument in errors.
 
-    >>> duration_ns("1500ms", "delay"), duration_ns(datetime.timedelta(seconds=2), "gap")
-    (1500000000, 2000000000)
+    A number is seconds; a string carries its unit (``"10s"``, ``"250ms"``, ``"2 min"``; a
+    string of a bare number is seconds too); a ``datetime.timedelta``, ``pd.Timedelta`` or
+    ``np.timedelta64`` is taken as it is. A number never counts in the ``unit=`` of an
+    integer event-time column: that says what the column holds, not what durations mean.
 
-    ``negative=True`` takes durations below zero too (a join's interval bounds).
+    >>> duration_ns(10, "size"), duration_ns("1500ms", "delay"), duration_ns(datetime.timedelta(seconds=2), "gap")
+    (10000000000, 1500000000, 2000000000)
+    >>> duration_ns("0.5", "watch")
+    500000000
+
+    ``positive=True`` refuses 0; ``negative=True`` takes durations below zero too (a join's
+    interval bounds); else a duration must be >= 0.
     """
-    if isinstance(value, (str, datetime.timedelta, pd.Timedelta, np.timedelta64)) and not isinstance(value, bool):
+    ns = None
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        if np.isfinite(value):
+            ns = int(round(float(value) * 1e9)) if isinstance(value, (float, np.floating)) else int(value) * 10**9
+    elif isinstance(value, (str, datetime.timedelta, pd.Timedelta, np.timedelta64)):
         try:
             ns = int(pd.Timedelta(value).value)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             ns = None
-        if ns is not None and (negative or ns >= 0) and (ns > 0 or not positive):
-            return ns
+    if ns is not None and abs(ns) < MAX_TIME and (negative or ns >= 0) and (ns > 0 or not positive):
+        return ns
     need = "a positive duration" if positive else "a duration" if negative else "a duration >= 0"
     raise PipelineError(
-        f"{what}: {value!r} is not {need}; give a pandas duration string such as '10s' or "
-        "'250ms', a datetime.timedelta or a pd.Timedelta"
+        f"{what}: {value!r} is not {need}; give seconds as a number (10, 0.25), a string with a unit "
+        "such as '10s' or '250ms', a datetime.timedelta or a pd.Timedelta"
     )
+
+
+def duration_s(value, what: str, *, positive: bool = False, negative: bool = False) -> float:
+    """:func:`duration_ns` in float seconds, for the durations of the job itself (polls,
+    timeouts, intervals).
+
+    >>> duration_s("200ms", "watch"), duration_s(2, "watch")
+    (0.2, 2.0)
+    """
+    return duration_ns(value, what, positive=positive, negative=negative) / 1e9
 
 
 def check_unit(unit, what: str) -> str | None:

@@ -21,7 +21,8 @@ def get(name: str, value: Any = None) -> Any:
 
 
 def seconds(name: str, value: Any = None) -> float:
-    """Like :func:`get` for a duration, returned in seconds."""
-    from dask.utils import parse_timedelta
+    """Like :func:`get` for a duration (a number is seconds, a string carries its unit:
+    :func:`streamlb._time.duration_ns`), returned in seconds."""
+    from ._time import duration_s
 
-    return float(parse_timedelta(get(name, value), default="s"))
+    return duration_s(get(name, value), f"streamlb.{name}")

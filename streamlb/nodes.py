@@ -90,34 +90,18 @@ class from_parquet(Source):
 
 
 def _watch_seconds(watch, what: str) -> float | None:
-    """``from_parquet(watch=...)`` in seconds: None, seconds > 0, or a positive duration.
+    """``from_parquet(watch=...)`` in seconds: None, or a positive duration (a number is
+    seconds, a string carries its unit: see :func:`streamlb._time.duration_ns`).
 
     >>> _watch_seconds("200ms", "from_parquet('d')"), _watch_seconds(2, "from_parquet('d')")
     (0.2, 2.0)
     >>> _watch_seconds("soon", "from_parquet('d')")
     Traceback (most recent call last):
-    streamlb.exceptions.PipelineError: from_parquet('d'): watch='soon' is not a positive duration; ...
+    streamlb.exceptions.PipelineError: from_parquet('d'): watch: 'soon' is not a positive duration; ...
     """
-    import datetime
-    import math
+    from ._time import duration_s
 
-    import numpy as np
-    import pandas as pd
-
-    if watch is None:
-        return None
-    seconds = None
-    if isinstance(watch, (int, float, np.integer, np.floating)) and not isinstance(watch, (bool, np.bool_)):
-        seconds = float(watch)
-    elif isinstance(watch, (str, datetime.timedelta, np.timedelta64)):
-        try:
-            seconds = pd.Timedelta(watch).total_seconds()
-        except (ValueError, TypeError):
-            pass
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise PipelineError(f"{what}: watch={watch!r} is not a positive duration; give seconds (a number > 0) or "
-                            "a duration such as '1s' or '200ms' (a string, datetime.timedelta or pd.Timedelta)")
-    return seconds
+    return None if watch is None else duration_s(watch, f"{what}: watch", positive=True)
 
 
 @Stream.register_api()

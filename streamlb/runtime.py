@@ -88,8 +88,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         complete checkpoint is resumed from its latest one unless ``restore`` names another
         (refused if it does not fit the graph). None: no checkpoints, and a lost worker
         fails the job.
-    checkpoint_interval : float or str, optional
-        Seconds (or "500ms"...) between checkpoints (setting ``streamlb.checkpoint.interval``, 1 s).
+    checkpoint_interval : float, str or timedelta, optional
+        A duration (seconds, or "500ms"...: docs/configuration.md, "Durations") between
+        checkpoints (setting ``streamlb.checkpoint.interval``, 1 s).
     restore : str, optional
         Start from a checkpoint or savepoint: a checkpoint directory (its latest complete
         checkpoint), one ``chk-*`` directory or a savepoint path. The parallelism may differ
@@ -216,14 +217,19 @@ class Job:
 
         Parameters
         ----------
-        timeout : float, optional
-            Seconds; raise ``TimeoutError`` (the job keeps running) when exceeded.
+        timeout : float, str or timedelta, optional
+            A duration (seconds, or "2min"...: docs/configuration.md, "Durations"); raise
+            ``TimeoutError`` (the job keeps running) when exceeded.
         progress : bool
             Show a progress bar of source records.
 
         Ctrl-C (``KeyboardInterrupt``) while it waits stops the job and removes its
         uncommitted outputs before the interrupt goes on.
         """
+        from ._time import duration_s
+
+        if timeout is not None:
+            timeout = duration_s(timeout, "Job.wait: timeout")
         return self._lifecycle.wait(timeout, progress)
 
     # -- what the balancer plugin saw (streamlb._job._results) -------------------------------------

@@ -210,7 +210,7 @@ def test_a_sigkilled_worker_is_recovered_and_each_file_read_exactly_once(tmp_pat
 
 @pytest.mark.parametrize("watch", ["soon", 0, -1, "0s", "-2s", float("nan"), True, [1]])
 def test_bad_watch_values_are_refused_naming_them(watch):
-    with pytest.raises(PipelineError, match=r"from_parquet\('d'\): watch=.* is not a positive duration; give seconds"):
+    with pytest.raises(PipelineError, match=r"from_parquet\('d'\): watch: .* is not a positive duration; give seconds"):
         Stream.from_parquet("d", watch=watch)
 
 
