@@ -1,5 +1,6 @@
-"""What the command line's verbs share: its argument types (``--rescale FROM:TO``, a
-balancer's name) and the latency summary they print (``streamlb demo``, ``streamlb nexmark``)."""
+"""What the command line's verbs share: how a command is added, its argument types
+(``--rescale FROM:TO``, a balancer's name) and the latency summary they print (``streamlb
+demo``, ``streamlb nexmark``)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,12 @@ def _latencies(ops) -> dict:
     # a percentile is interpolated within its histogram bin: never above the largest latency seen
     return {"p50": min(latency.quantile(total, 0.5), top), "p99": min(latency.quantile(total, 0.99), top),
             "max": top}
+
+
+def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
+    """Command ``name`` on the subparsers ``sub``: its one line ``text`` shows in ``streamlb
+    --help`` and heads its own ``--help``."""
+    return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
 
 def _instances(text: str) -> tuple[int, int]:

@@ -156,11 +156,11 @@ def _positive(cast):
 
 def add_parser(sub) -> None:
     """``streamlb nexmark`` on the CLI's subparsers ``sub``."""
-    from ._cli_args import _balancer
+    from ._cli_args import _balancer, _command
     from .nexmark import QUERIES
 
-    n = sub.add_parser("nexmark", help="run one NEXMark query on an embedded Dask cluster: throughput, "
-                                       "latency, and its output checked exactly against PySpark")
+    n = _command(sub, "nexmark", "run one NEXMark query on an embedded Dask cluster: throughput, latency, "
+                                 "and its output checked exactly against PySpark")
     n.add_argument("query", choices=list(QUERIES), metavar="QUERY",
                    help=f"one of {', '.join(QUERIES)}")
     n.add_argument("--events", type=_positive(int), default=1_000_000, help="NEXMark events (default 1,000,000)")

@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 
-from ._cli_args import _balancer, _instances, _latencies
+from ._cli_args import _balancer, _command, _instances, _latencies
 
 
 def _prepare(args) -> int:
@@ -276,37 +276,50 @@ def _simulate(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+DESCRIPTION = ("streamlb runs stateful streamz pipelines on a Dask cluster and balances them live under key "
+               "skew. Commands: prepare writes a dataset, demo compares balancers on a skewed stream (or "
+               "rescales one live), simulate replays a load trace through balancers without a cluster, "
+               "nexmark runs a NEXMark query checked against PySpark.")
+EPILOG = "Run 'streamlb COMMAND --help' for a command's options; docs/cli.md describes each."
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``streamlb`` command's parser, every command on it."""
     from . import __version__
     from ._migration._epochs import STRATEGIES
 
-    warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
-    p = argparse.ArgumentParser(prog="streamlb", description=__doc__)
+    p = argparse.ArgumentParser(prog="streamlb", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"streamlb {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    pr = sub.add_parser("prepare", help="write a partitioned Parquet dataset with PySpark")
-    pr.add_argument("kind", choices=["zipf", "nexmark"])
-    pr.add_argument("path")
-    pr.add_argument("--rows", type=int, default=1_000_000, help="rows (zipf) or events (nexmark)")
-    pr.add_argument("--keys", type=int, default=100_000)
-    pr.add_argument("--skew", type=float, default=1.2)
-    pr.add_argument("--partitions", type=int, default=8)
-    pr.add_argument("--drift-every", type=int, default=None)
-    pr.add_argument("--seed", type=int, default=0)
-    pr.add_argument("--rate", type=float, default=10_000, help="nexmark: events per second of event time")
+    pr = _command(sub, "prepare", "write a partitioned Parquet dataset with PySpark")
+    pr.add_argument("kind", choices=["zipf", "nexmark"],
+                    help="zipf: (key, value) rows with Zipf keys; nexmark: the person, auction and bid tables")
+    pr.add_argument("path", help="the directory to write, with a manifest of the files and parameters")
+    pr.add_argument("--rows", type=int, default=1_000_000,
+                    help="rows (zipf) or events (nexmark) (default 1,000,000)")
+    pr.add_argument("--keys", type=int, default=100_000, help="zipf: distinct keys (default 100,000)")
+    pr.add_argument("--skew", type=float, default=1.2, help="zipf: the Zipf exponent, 0 for uniform (default 1.2)")
+    pr.add_argument("--partitions", type=int, default=8, help="files (log partitions) to write (default 8)")
+    pr.add_argument("--drift-every", type=int, default=None,
+                    help="zipf: rotate the hot keys every this many rows (default: never)")
+    pr.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    pr.add_argument("--rate", type=float, default=10_000,
+                    help="nexmark: events per second of event time (default 10,000)")
     pr.add_argument("--flat", action="store_true",
                     help="nexmark: the older single table of all events instead of person, auction, bid")
     pr.set_defaults(func=_prepare)
 
-    d = sub.add_parser("demo", help="the same drifting-Zipf stream with static and autoflow balancing "
-                                    "(or, with --rescale, rescaled live), checked against pandas")
-    d.add_argument("--data", default="streamlb-data/demo-zipf")
-    d.add_argument("--rows", type=int, default=2_000_000)
-    d.add_argument("--keys", type=int, default=100_000)
-    d.add_argument("--skew", type=float, default=1.0)
-    d.add_argument("--workers", type=int, default=2)
-    d.add_argument("--parallelism", type=int, default=8)
+    d = _command(sub, "demo", "the same drifting-Zipf stream with static and autoflow balancing "
+                              "(or, with --rescale, rescaled live), checked against pandas")
+    d.add_argument("--data", default="streamlb-data/demo-zipf",
+                   help="the dataset, prepared with PySpark if absent (default streamlb-data/demo-zipf)")
+    d.add_argument("--rows", type=int, default=2_000_000, help="rows of a dataset to prepare (default 2,000,000)")
+    d.add_argument("--keys", type=int, default=100_000,
+                   help="distinct keys of a dataset to prepare (default 100,000)")
+    d.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of a dataset to prepare (default 1.0)")
+    d.add_argument("--workers", type=int, default=2, help="worker processes of the embedded cluster (default 2)")
+    d.add_argument("--parallelism", type=int, default=8, help="instances of the keyed aggregate (default 8)")
     d.add_argument("--batch-size", type=int, default=None, help="rows per source batch (default: streamlb's)")
     d.add_argument("--rate", type=float, default=None,
                    help="open-loop source rate, records/s (default 200,000)")
@@ -325,28 +338,35 @@ def main(argv: list[str] | None = None) -> int:
                         "streamlb.reconfiguration.strategy), fluid, all-at-once or pause")
     d.set_defaults(func=_demo)
 
-    sm = sub.add_parser("simulate", help="replay a load trace (recorded or Zipf) through balancers, "
-                                         "no cluster; writes a PNG of imbalance over time")
+    sm = _command(sub, "simulate", "replay a load trace (recorded or Zipf) through balancers, "
+                                   "no cluster; writes a PNG of imbalance over time")
     sm.add_argument("--trace", help="a trace saved with Trace.save (e.g. job.load_trace(op).save(path)); "
                                     "default: generate one from Zipf")
-    sm.add_argument("--balancers", nargs="+", default=["static", "autoflow", "greedy", "hybrid"], type=_balancer)
-    sm.add_argument("--instances", type=int, default=None, help="default: the trace's, else 8")
-    sm.add_argument("--windows", type=int, default=600)
-    sm.add_argument("--key-groups", type=int, default=1024)
-    sm.add_argument("--keys", type=int, default=100_000)
-    sm.add_argument("--skew", type=float, default=1.0)
-    sm.add_argument("--records-per-window", type=int, default=100_000)
+    sm.add_argument("--balancers", nargs="+", default=["static", "autoflow", "greedy", "hybrid"], type=_balancer,
+                    help="balancers to replay, by registered name (default static autoflow greedy hybrid)")
+    sm.add_argument("--instances", type=int, default=None, help="instances (default: the trace's, else 8)")
+    sm.add_argument("--windows", type=int, default=600, help="load windows of a generated trace (default 600)")
+    sm.add_argument("--key-groups", type=int, default=1024, help="key groups of a generated trace (default 1024)")
+    sm.add_argument("--keys", type=int, default=100_000, help="distinct keys of a generated trace (default 100,000)")
+    sm.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of a generated trace (default 1.0)")
+    sm.add_argument("--records-per-window", type=int, default=100_000,
+                    help="records per window of a generated trace (default 100,000)")
     sm.add_argument("--drift-every", type=int, default=100, help="windows between hot-key rotations")
     sm.add_argument("--max-groups", type=int, default=64, help="cap on key groups per plan")
-    sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("--plot", default="streamlb-data/simulate.png")
+    sm.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    sm.add_argument("--plot", default="streamlb-data/simulate.png",
+                    help="PNG of imbalance over time (default streamlb-data/simulate.png)")
     sm.set_defaults(func=_simulate)
 
     from ._cli_nexmark import add_parser as add_nexmark
 
     add_nexmark(sub)
+    return p
 
-    args = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
+    args = parser().parse_args(argv)
     if args.command == "simulate" and not args.trace and args.instances is None:
         args.instances = 8
     try:
