@@ -104,12 +104,14 @@ def _few(names) -> str:
     return ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _no_match(where: str, name: str, stored, was: str | None, here: str, what: str = "file") -> CheckpointError:
+def _no_match(where: str, name: str, stored, was: str | None, here: str, what: str = "file",
+              hint: str | None = None) -> CheckpointError:
     """The error of a restore whose positions of source ``name`` match nothing of it."""
+    hint = hint or ("restore into a source over what the checkpoint read (files are named relative to the "
+                    "source's directory, which may move), or start without restore=")
     return CheckpointError(
         f"{where}: the positions of source {name!r} name {_few(stored)}{f' (under {was!r})' if was else ''}, "
-        f"which match no {what} of the source here, {here!r}; restore into a source over what the checkpoint "
-        "read (files are named relative to the source's directory, which may move), or start without restore=")
+        f"which match no {what} of the source here, {here!r}; {hint}")
 
 
 def _absolute(root: str, name: str) -> str:
@@ -126,7 +128,10 @@ def _check_files(where: str, name: str, src: dict, mine: dict) -> None:
     else:
         stored, here = set(src["files"]), {_absolute(mine["root"], f) for f in mine["files"]}
     if stored and not stored & here:
-        raise _no_match(where, name, stored, src.get("root"), mine["root"])
+        old_format = "this checkpoint, of an earlier version, names its files by absolute path: restore it " \
+            "into the same files at the same place"
+        raise _no_match(where, name, stored, src.get("root"), mine["root"],
+                        hint=None if "root" in src else old_format)
     missing = sorted(stored - here)
     if missing:
         raise CheckpointError(f"{where}: source {name!r} read {missing[0]!r} in the checkpoint, which is not among "

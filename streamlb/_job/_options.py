@@ -183,7 +183,8 @@ class RunOptions:
             setting) and the valid values.
         CheckpointError
             ``checkpoint`` is not writable, ``checkpoint_interval`` is not a positive
-            duration, or ``restore`` names no complete, intact checkpoint.
+            duration, ``restore`` names no complete, intact checkpoint, or the latest
+            checkpoint of ``checkpoint`` (resumed from without ``restore``) is not intact.
         """
         from ..balancer import get_balancer
         from ..scaler import get_scaler
