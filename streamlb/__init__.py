@@ -4,6 +4,7 @@ from __future__ import annotations
 from . import config as _config  # noqa: F401  (installs the dask.config defaults)
 from . import nodes as _nodes  # noqa: F401  (registers the nodes on streamz.Stream)
 from .exceptions import (
+    BrokerUnreachableError,
     CheckpointError,
     CommandError,
     InputPathError,
@@ -73,6 +74,7 @@ __all__ = [
     "UnpicklableFunctionError",
     "InputPathError",
     "SchedulerUnreachableError",
+    "BrokerUnreachableError",
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",

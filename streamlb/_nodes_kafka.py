@@ -76,11 +76,15 @@ class from_kafka_topic(Source):
 
 def plan(planner, n: from_kafka_topic):
     """The stage of a ``from_kafka_topic`` node."""
+    from ._sources._kafka import KafkaOptions
+
     return planner.new_stage(
         name=planner.unique_name(None, f"from_kafka_topic({n.topic})"), kind="kafka_source",
         parallelism=planner.default_parallelism(n.parallelism), batch_size=n.batch_size or 10_000,
         source={"topic": n.topic, "consumer_params": n.consumer_params, "decode": n.decode,
-                "offsets": n.offsets, "until": n.until})
+                "offsets": n.offsets, "until": n.until,
+                # read here, on the driver: an existing cluster's workers have their own settings
+                "timeout": KafkaOptions.from_stage(n).timeout})
 
 
 @Stream.register_api()

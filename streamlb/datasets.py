@@ -23,6 +23,7 @@ import pandas as pd
 from ._parquet_out import _BASE_TIME, _STEP_US, _write
 from ._zipf import (_BLOCK, _blocks, _key_permutation, _masked, _zipf_cdf, _zipf_ranks, _zipf_table,  # noqa: F401
                     zipf_keys)
+from ._time import duration_s
 from .exceptions import JavaNotFoundError
 
 __all__ = ["zipf", "nexmark", "spark_session", "check_java", "read_manifest"]
@@ -170,12 +171,13 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
         Same seed, same files.
     progress : bool
         Show a progress bar of Spark tasks.
-    disorder : float
-        Seconds. 0 (default): every file is in event-time order. Else the log arrives out
-        of order the way NEXMark's does: a record's arrival time is one millisecond per
-        row id, and ``late_fraction`` of the records carry an event time earlier than that
-        by up to ``disorder`` seconds (uniform, in microseconds). Each file keeps arrival
-        (row id) order, so a watermark ``delay`` of ``disorder`` seconds makes no record late.
+    disorder : float, str or timedelta
+        A duration (a number is seconds: docs/configuration.md). 0 (default): every file
+        is in event-time order. Else the log arrives out of order the way NEXMark's does: a
+        record's arrival time is one millisecond per row id, and ``late_fraction`` of the
+        records carry an event time earlier than that by up to ``disorder`` seconds
+        (uniform, in microseconds). Each file keeps arrival (row id) order, so a watermark
+        ``delay`` of ``disorder`` seconds makes no record late.
     late_fraction : float
         With ``disorder``: the share of records delayed (default 0.1).
 
@@ -195,9 +197,9 @@ def zipf(path, rows: int, keys: int, skew: float, partitions: int, drift_every: 
         raise ValueError(f"skew must be >= 0, got {skew!r}")
     if drift_every is not None and drift_every < 1:
         raise ValueError(f"drift_every must be a positive integer or None, got {drift_every!r}")
-    if not (disorder >= 0 and 0 <= late_fraction <= 1):
-        raise ValueError(f"disorder must be >= 0 seconds and late_fraction in [0, 1], got {disorder!r}, "
-                         f"{late_fraction!r}")
+    disorder = duration_s(disorder, "zipf: disorder")
+    if not 0 <= late_fraction <= 1:
+        raise ValueError(f"late_fraction must be in [0, 1], got {late_fraction!r}")
     spark = spark_session()
     k, s, d, sd, P = int(keys), float(skew), drift_every, int(seed), int(partitions)
     dis_us, frac = int(round(float(disorder) * 1e6)), float(late_fraction)
@@ -233,8 +235,6 @@ def _check_nexmark(ha, hb, hs, in_flight_auctions, rate, disorder, late_fraction
         _positive_int(name, r)
     if not (isinstance(rate, (int, float, np.number)) and 0 < rate < float("inf")):
         raise ValueError(f"rate must be a positive number of events per second, got {rate!r}")
-    if not (0 <= disorder < float("inf")):
-        raise ValueError(f"disorder must be >= 0 seconds, got {disorder!r}")
     if not (0 <= late_fraction <= 1):
         raise ValueError(f"late_fraction must be in [0, 1], got {late_fraction!r}")
 
@@ -285,8 +285,9 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
         Events per second of event time.
     in_flight_auctions : int
         Auctions open at a time, and those a bid that is not hot picks from.
-    disorder : float
-        Seconds: the most a late event's ``date_time`` is moved back (0: none is).
+    disorder : float, str or timedelta
+        A duration (a number is seconds): the most a late event's ``date_time`` is moved
+        back (0: none is).
     late_fraction : float
         The share of events that arrive late, in [0, 1].
     flat : bool
@@ -306,6 +307,7 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
     read_manifest, zipf
     """
     _check(path, events, partitions, "events")
+    disorder = duration_s(disorder, "nexmark: disorder")
     _check_nexmark(hot_auction_ratio, hot_bidder_ratio, hot_seller_ratio, in_flight_auctions, rate, disorder,
                    late_fraction)
     from . import _nexmark_data

@@ -14,6 +14,7 @@ __all__ = [
     "UnpicklableFunctionError",
     "InputPathError",
     "SchedulerUnreachableError",
+    "BrokerUnreachableError",
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
@@ -64,6 +65,12 @@ class InputPathError(StreamlbError, FileNotFoundError):
 
 class SchedulerUnreachableError(StreamlbError, OSError):
     """No Dask scheduler answered at the given address."""
+
+
+class BrokerUnreachableError(StreamlbError, ConnectionError):
+    """A Kafka source's broker did not answer a metadata or offset look-up within the
+    setting ``streamlb.kafka.timeout`` (or refused it); the message names the bootstrap
+    address, the look-up and librdkafka's reason."""
 
 
 class JavaNotFoundError(StreamlbError, RuntimeError):

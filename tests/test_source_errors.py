@@ -1,7 +1,15 @@
-"""Sources meet bad input and say so: a corrupt Parquet file in a fixed input is refused
-naming it."""
+"""Sources meet bad input and say so, on worker processes: a corrupt Parquet file in a fixed
+input is refused naming it; an unreachable Kafka broker fails within
+``streamlb.kafka.timeout``, naming the address and the setting, without a traceback in the
+message or librdkafka's lines on stderr."""
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from streamz import Stream
@@ -27,3 +35,48 @@ def test_a_corrupt_parquet_file_in_a_fixed_input_is_refused_naming_it(two_worker
         streamlb.run(src, client=two_workers)
     msg = str(err.value)
     assert str(root / name) in msg and "not a readable Parquet file" in msg and "start with '_'" in msg, msg
+
+
+_KAFKA_RUN = """
+import json, sys, time
+import dask.config
+from distributed import Client, LocalCluster
+from streamz import Stream
+import streamlb
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \\
+            Client(cl) as c:
+        src = Stream.from_kafka_topic("orders", {"bootstrap.servers": sys.argv[1]}, decode="json")
+        src.key_by("customer").aggregate({"n": ("customer", "count")}, name="counts")
+        t0 = time.time()
+        try:
+            with dask.config.set({"streamlb.kafka.timeout": "1s"}):
+                job = streamlb.run(src, client=c)
+            job.wait(timeout=60)
+            out = {"type": None}
+        except Exception as e:
+            out = {"type": type(e).__name__, "streamlb": isinstance(e, streamlb.StreamlbError),
+                   "connection": isinstance(e, ConnectionError), "message": str(e)}
+        out["seconds"] = time.time() - t0
+        print(json.dumps(out))
+"""
+
+
+def test_an_unreachable_kafka_broker_fails_within_the_setting_naming_it(tmp_path):
+    with socket.socket() as s:          # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(_KAFKA_RUN))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(streamlb.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script), address], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=120)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["type"] is not None and out["streamlb"] and out["connection"], out
+    assert address in out["message"] and "streamlb.kafka.timeout" in out["message"], out["message"]
+    assert "Traceback" not in out["message"], out["message"]
+    assert out["seconds"] < 6, out     # 1 s asked: not the 10 s of a fixed look-up timeout
+    flood = [line for line in proc.stderr.splitlines() if "rdkafka" in line]
+    assert len(flood) <= 2, "\n".join(flood[:20])

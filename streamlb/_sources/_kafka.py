@@ -25,10 +25,18 @@ librdkafka fetch again from the position, which some brokers answer wrongly, see
 tests/test_kafka_broker.py.) A split read to its end is unassigned. Nothing blocks for
 long: a read waits at most ``POLL_TIMEOUT`` for records and returns an empty frame if none
 came.
+
+Waiting for a broker: a metadata or offset look-up waits at most ``streamlb.kafka.timeout``
+(read when the job is planned), then fails the job with :class:`BrokerUnreachableError`
+naming the bootstrap address and the setting. librdkafka's own log lines (a broker that
+refuses connections gets one per reconnection attempt, about twenty a second at first) go
+to the logger ``streamlb.sources.kafka.librdkafka`` (:class:`LibrdkafkaLog`), not to the
+worker's stderr.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -38,7 +46,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..exceptions import PipelineError
+from .. import config
+from ..exceptions import BrokerUnreachableError, PipelineError
 from ._base import Split, SplitBatch, SplitReader
 from ._kafka_decode import Held, _decoded, _json_rows, no_collection
 
@@ -49,7 +58,6 @@ UNTIL = (None, "end")
 DECODERS = "None, 'json' or a callable(list[bytes]) -> DataFrame"
 POLL_TIMEOUT = 0.1          # s a read waits for records
 STARVED_CAP = 32            # batches per partition held at most, to reach a partition left behind
-REQUEST_TIMEOUT = 10.0      # s for metadata and offset look-ups
 META = ("kafka_key", "kafka_partition", "kafka_offset", "kafka_timestamp")
 
 
@@ -83,6 +91,7 @@ class KafkaOptions:
     batch_size: int = 10_000
     parallelism: int = 1
     group_given: bool = False       # commit() reports to the user's group
+    timeout: float = 5.0            # s a metadata or offset look-up waits for a broker
 
     @classmethod
     def from_stage(cls, stage) -> KafkaOptions:
@@ -119,8 +128,17 @@ class KafkaOptions:
         parallelism = getattr(stage, "parallelism", None) or 1
         if batch_size < 1 or parallelism < 1:
             raise PipelineError(f"{where}: batch_size={batch_size}, parallelism={parallelism}; both must be >= 1")
+        timeout = getattr(stage, "timeout", None)
+        if timeout is None:
+            try:
+                timeout = config.seconds("kafka.timeout")
+            except (TypeError, ValueError, KeyError):
+                timeout = -1.0
+        if not timeout > 0:
+            raise PipelineError(f"{where}: setting streamlb.kafka.timeout is {config.get('kafka.timeout')!r}; "
+                                "give a duration > 0 (such as '5s')")
         return cls(topic, params, decode, offsets, until, int(batch_size), int(parallelism),
-                   group_given=bool(params.get("group.id")))
+                   group_given=bool(params.get("group.id")), timeout=float(timeout))
 
     @property
     def bootstrap(self) -> str:
@@ -130,7 +148,7 @@ class KafkaOptions:
         """librdkafka's settings of instance ``index``'s consumer: the user's, with offsets
         never committed on their own; a private group unless the user named one (a group is
         where committed offsets live)."""
-        conf = {"auto.offset.reset": "earliest", **self.consumer_params,
+        conf = {"auto.offset.reset": "earliest", "logger": LibrdkafkaLog(), **self.consumer_params,
                 "enable.auto.commit": False, "enable.auto.offset.store": False}
         if not self.group_given:
             conf["group.id"] = f"streamlb-{self.topic}-{index}-{uuid.uuid4().hex[:8]}"
@@ -206,7 +224,7 @@ class KafkaReader(SplitReader):
     def _owned(self) -> list[int]:
         """The topic's partitions that are this instance's (a metadata look-up)."""
         o = self.opts
-        md = self._ask(lambda: self._consumer.list_topics(o.topic, timeout=REQUEST_TIMEOUT), "list its partitions")
+        md = self._ask(lambda: self._consumer.list_topics(o.topic, timeout=o.timeout), "list its partitions")
         self._looked_at = time.monotonic()
         topic = md.topics.get(o.topic)
         if topic is None or topic.error is not None:
@@ -224,7 +242,7 @@ class KafkaReader(SplitReader):
             from confluent_kafka import TopicPartition
 
             tps = [TopicPartition(self.opts.topic, p) for p in partitions]
-            got = self._ask(lambda: self._consumer.committed(tps, timeout=REQUEST_TIMEOUT), "read committed offsets")
+            got = self._ask(lambda: self._consumer.committed(tps, timeout=self.opts.timeout), "read committed offsets")
             starts.update({tp.partition: tp.offset for tp in got if tp.offset >= 0})
         return starts
 
@@ -236,22 +254,28 @@ class KafkaReader(SplitReader):
         from confluent_kafka import TopicPartition
 
         tp = TopicPartition(self.opts.topic, p)
-        return self._ask(lambda: self._consumer.get_watermark_offsets(tp, timeout=REQUEST_TIMEOUT),
+        return self._ask(lambda: self._consumer.get_watermark_offsets(tp, timeout=self.opts.timeout),
                          f"look up the offsets of partition {p}")
 
     def _ask(self, call: Callable, what: str):
-        """``call()``; a broker that does not answer is named in the error."""
+        """``call()``; a broker that does not answer within the timeout raises
+        BrokerUnreachableError naming the address and the setting (a message, no traceback:
+        the job's error is what the user reads)."""
         from confluent_kafka import KafkaException
 
         try:
             out = call()
         except KafkaException as e:
-            raise ConnectionError(f"Kafka source of topic {self.opts.topic!r} could not {what} at "
-                                  f"{self.opts.bootstrap}: {e.args[0].str() if e.args else e}") from e
-        if out is None:
-            raise ConnectionError(f"Kafka source of topic {self.opts.topic!r} could not {what} at "
-                                  f"{self.opts.bootstrap} within {REQUEST_TIMEOUT:.0f} s")
-        return out
+            why = e.args[0].str() if e.args else str(e)
+        else:
+            if out is not None:
+                return out
+            why = "no answer"
+        o = self.opts
+        raise BrokerUnreachableError(
+            f"Kafka source of topic {o.topic!r} could not {what} at {o.bootstrap} within {o.timeout:g} s "
+            f"(librdkafka: {why}); check that bootstrap.servers names brokers the workers can reach, or wait "
+            "longer with the setting streamlb.kafka.timeout") from None
 
     # -- opening and reading ------------------------------------------------------------------
     def _open(self, split: Split) -> None:
@@ -490,3 +514,29 @@ class KafkaReader(SplitReader):
         if not self._closed:
             self._closed = True
             self._consumer.close()
+
+
+class LibrdkafkaLog:
+    """librdkafka's ``logger``: its log lines go to the logger
+    ``streamlb.sources.kafka.librdkafka``, each kind (facility and text, numbers aside) at
+    its own level the first time and at DEBUG after, and :attr:`lines` counts them all. A
+    broker that is away makes librdkafka log the same failure at every reconnection attempt,
+    which on stderr would bury everything else. (The lines are handed over when the
+    consumer is polled.)"""
+
+    KINDS = 1_000           # kinds remembered; past that, every line at DEBUG
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._kinds: set[str] = set()
+        self._log = logging.getLogger("streamlb.sources.kafka.librdkafka")
+
+    def log(self, level: int, fmt: str, *args) -> None:
+        """What confluent_kafka calls with each line (a :class:`logging.Logger`'s signature)."""
+        self.lines += 1
+        kind = re.sub(r"\d+", "#", " ".join(map(str, args[:1] + args[2:])))
+        if kind not in self._kinds and len(self._kinds) < self.KINDS:
+            self._kinds.add(kind)
+            self._log.log(level, fmt, *args)
+        else:
+            self._log.debug(fmt, *args)
