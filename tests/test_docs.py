@@ -190,6 +190,22 @@ def test_no_page_says_a_feature_is_missing(feature):
     assert not wrong, f"pages say that {feature} is missing, refused or to come:\n" + "\n".join(wrong)
 
 
+def test_no_page_points_outside_the_project():
+    """The docs stand on their own: every relative link and ``../`` path of README.md and the
+    pages leads to a file of the project."""
+    wrong = []
+    for page, text in _pages().items():
+        here = (ROOT / page).parent
+        targets = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text) + re.findall(r"`(\.\./[^`\s]+)`", text)
+        for t in targets:
+            if re.match(r"\w+:", t):        # http:, mailto:
+                continue
+            path = (here / t).resolve()
+            if not path.is_relative_to(ROOT) or not path.exists():
+                wrong.append(f"{page}: {t}")
+    assert not wrong, "pages point at files that are not in the project:\n" + "\n".join(wrong)
+
+
 def _user_guide_section(start: str, end: str) -> str:
     text = (ROOT / "docs" / "user-guide.md").read_text()
     return text[text.index(start):text.index(end, text.index(start))]
