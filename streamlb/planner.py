@@ -25,6 +25,7 @@ from . import _nodes_kafka
 from . import _nodes_select
 from .exceptions import InputPathError, PipelineError, SchemaError, UnknownOperatorError
 from ._plan_step import Step, _ship
+from ._sources._directory import set_expectations
 from ._sources._parquet import source_root
 from ._sink_state import warn_driver_state
 
@@ -513,4 +514,5 @@ def plan(node: Stream, *, workers: int, key_groups: int, batch_size: int,
     _event_time(result)
     _check_columns(result)
     _project(result)
+    set_expectations(result)
     return result

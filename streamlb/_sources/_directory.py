@@ -17,6 +17,13 @@ registers them before any of their rows goes out. A file read to its end ends (f
 watermark it is finished); the reader never does (``live``): with nothing to read it waits
 a moment and hands out an empty batch, until the job stops.
 
+A file of another schema is set aside, not read: the planner writes in
+``stage.source["expects"]`` the columns the pipeline takes from the files as read (by
+:func:`set_expectations`), and a file that lacks one, or has it with a type its consumer
+cannot take, goes to the dead letters with its path, its columns and the expected ones, as
+a split of no rows: read to its end at once, so it is in the positions saved as done and
+set aside once across a recovery. Extra columns are fine.
+
 A saved position keeps ``{"directory": {"files": {path: rows}, "done": [path, ...]}}``: the
 files being read at the rows emitted, and the files emitted to their end, so after a
 recovery or a restore a finished file is not read again and a half-read one goes on at its
@@ -39,6 +46,94 @@ from ._parquet import ParquetReader, _skipping
 logger = logging.getLogger("streamlb.sources.directory")
 
 POLL_WAIT = 0.05        # s a poll with nothing to read waits before handing out an empty batch
+
+#: what a column expected in a watched directory's files must hold, by its use
+KINDS = {
+    "key": "integers, booleans or strings",
+    "number": "numbers (integers, floats, decimals or booleans)",
+    "timestamp": "timestamps",
+    "integer": "integers",
+    "time": "timestamps or numbers",
+    "any": "any type",
+}
+
+
+def _accepts(kind: str, t) -> bool:
+    import pyarrow.types as pt
+
+    if kind == "key":
+        return pt.is_integer(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)
+    if kind == "number":
+        return pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) or pt.is_decimal(t)
+    if kind == "timestamp":
+        return pt.is_timestamp(t)
+    if kind == "integer":
+        return pt.is_integer(t)
+    if kind == "time":
+        return pt.is_timestamp(t) or pt.is_integer(t) or pt.is_floating(t)
+    return True
+
+
+def set_expectations(plan) -> None:
+    """Write in each watched directory's ``stage.source["expects"]`` what its files must
+    hold: ``{column: [kind, who needs it]}`` (a kind of :data:`KINDS`), from ``columns=``,
+    ``event_time=``, ``with_watermark`` and the keys and aggregated columns of the keyed
+    operators its batches reach as read (through filters, selects and watermarks; past a
+    ``map`` the columns are the function's, checked where they are used)."""
+    by_id = {s.id: s for s in plan.stages}
+    for src in plan.stages:
+        if src.kind != "directory_source":
+            continue
+        need: dict[str, list] = {}
+
+        def add(column, kind: str, who: str) -> None:
+            if isinstance(column, str) and need.get(column, ["any"])[0] == "any":
+                need[column] = [kind, who]
+
+        wm = src.watermark or {}
+        add(wm.get("column"), "timestamp" if wm.get("unit") is None else "integer",
+            f"with_watermark({wm.get('column')!r})")
+        add(src.event_time, "time", f"event_time={src.event_time!r}")
+        todo = list(src.children)
+        while todo:
+            step = todo.pop()
+            if step.kind in ("filter", "select", "watermark"):
+                todo.extend(step.children)
+                continue
+            if step.kind != "exchange":
+                continue
+            st = by_id[step.target]
+            who = f"operator {st.name!r}"
+            if st.exchange == "keyed":
+                add(st.key_of(src.id), "key", who)
+            for column, how in (st.spec or {}).values():
+                add(column, "any" if how == "count" else "number", who)
+            add(st.cost, "any", who)
+            add((st.shuffle or {}).get("feature"), "any", who)
+        for column in src.columns or ():
+            add(column, "any", f"columns={list(src.columns)}")
+        src.source["expects"] = need
+
+
+def schema_problems(schema, expects: dict) -> list[str]:
+    """What keeps a file of Arrow ``schema`` from being read by a source that ``expects``
+    these columns (see :func:`set_expectations`); ``[]``: nothing.
+
+    >>> import pyarrow as pa
+    >>> for p in schema_problems(pa.schema([("key", pa.float64()), ("v", pa.int64())]),
+    ...                          {"key": ["key", "operator 'n'"], "value": ["number", "operator 'n'"]}):
+    ...     print(p)
+    column 'key' is double, operator 'n' needs integers, booleans or strings
+    no column 'value' (operator 'n' needs it)
+    """
+    types = {f.name: f.type for f in schema}
+    out = []
+    for column, (kind, who) in expects.items():
+        if column not in types:
+            out.append(f"no column {column!r} ({who} needs it)")
+        elif not _accepts(kind, types[column]):
+            out.append(f"column {column!r} is {types[column]}, {who} needs {KINDS[kind]}")
+    return out
 
 
 def owner(path: str, parallelism: int) -> int:
@@ -86,6 +181,8 @@ class DirectoryReader(ParquetReader):
         self._total: dict[str, int] = {}            # split -> rows of its file
         self._found: dict = {}                      # split -> its ParquetFile, found and not opened yet
         self._unreadable: set[str] = set()          # visible files that did not open (warned once)
+        self._aside: set[str] = set()               # files of another schema: splits of no rows
+        self.expects: dict = stage.source.get("expects") or {}
         self._listed = -np.inf                      # last listing (monotonic s)
 
     # -- where splits start --------------------------------------------------------------------
@@ -140,8 +237,28 @@ class DirectoryReader(ParquetReader):
                                    "rename them into place)", self.root, f, exc)
                 continue
             self._unreadable.discard(f)
+            if self.expects:
+                self._check_schema(f)
             out.append(Split(f, 0))
         return out
+
+    def _check_schema(self, f: str) -> None:
+        """Set file ``f`` (found, open) aside as a dead letter if its schema is another."""
+        schema = self._found[f].schema_arrow
+        problems = schema_problems(schema, self.expects)
+        if not problems:
+            return
+        del self._found[f]
+        self._aside.add(f)
+        columns = {c.name: str(c.type) for c in schema}
+        expected = {c: KINDS[kind] for c, (kind, _) in self.expects.items()}
+        self.dead_letters.append((
+            {"file": self._path(f), "columns": columns, "expected": expected},
+            f"watched directory {self.root!r}: file {f!r} has another schema and is set aside, not read: "
+            f"{'; '.join(problems)}. Its columns: {', '.join(f'{c} ({t})' for c, t in columns.items())}; "
+            f"expected: {', '.join(f'{c} ({k})' for c, k in expected.items())}"))
+        logger.warning("watched directory %r: file %r set aside (a dead letter): %s", self.root, f,
+                       "; ".join(problems))
 
     def _path(self, split_id: str) -> str:
         return os.path.join(self.root, *split_id.split("/"))
@@ -151,6 +268,10 @@ class DirectoryReader(ParquetReader):
         import pyarrow.parquet as pq
 
         st = self.stage
+        if split.split_id in self._aside:       # read to its end at once: no rows
+            self._total[split.split_id], self._rows[split.split_id] = 0, 1
+            self._batches[split.split_id] = iter(())
+            return
         pf = self._found.pop(split.split_id, None) or pq.ParquetFile(self._path(split.split_id))
         n = pf.metadata.num_rows
         self._total[split.split_id] = n
