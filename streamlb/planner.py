@@ -26,7 +26,6 @@ from . import _nodes_select
 from .exceptions import InputPathError, PipelineError, SchemaError, UnknownOperatorError
 from ._plan_step import Step, _ship
 from ._sources._directory import set_expectations
-from ._sources._parquet import source_root
 from ._sink_state import warn_driver_state
 
 __all__ = ["Plan", "Stage", "Step", "plan"]
@@ -280,8 +279,7 @@ class _Planner:
         if isinstance(n, nodes.from_parquet) and n.watch is not None:
             st = self.directory(n)
         elif isinstance(n, nodes.from_parquet):
-            # absolute on the driver: a worker's working directory is its own
-            files = [os.path.abspath(f) for f in parquet_files(n.path)]
+            files = [os.path.abspath(f) for f in parquet_files(n.path)]    # a worker's working directory is its own
             par = min(n.parallelism or self.workers, len(files))
             rows = _row_counts(files)
             st = self.new_stage(
@@ -291,7 +289,7 @@ class _Planner:
                 columns=n.columns,
                 total_rows=sum(rows), file_rows=dict(zip(files, rows)), assignment=assign_files(files, rows, par),
                 event_time=n.event_time, time_range=_time_range(files, n.event_time),
-                source={"path": source_root(n.path)},
+                source={"path": os.path.dirname(files[0]) if os.path.isfile(n.path) else os.path.abspath(n.path)},
             )
         elif isinstance(n, sz_sources.from_iterable):
             items = _iterable_items(n._iterable)

@@ -84,10 +84,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         A directory or fsspec URL the driver and every worker can write: the job takes an
         exactly-once checkpoint there every ``checkpoint_interval`` and, when a worker holding
         its instances is lost, restores the latest one on the workers left and replays the
-        records after it (see docs/fault-tolerance.md). A directory that already holds a
-        complete checkpoint is resumed from its latest one unless ``restore`` names another
-        (refused if it does not fit the graph). None: no checkpoints, and a lost worker
-        fails the job.
+        records after it; a directory that already holds a complete checkpoint is resumed from
+        its latest one unless ``restore`` names another (docs/fault-tolerance.md). None: no
+        checkpoints, and a lost worker fails the job.
     checkpoint_interval : float, str or timedelta, optional
         A duration (seconds, or "500ms"...: docs/configuration.md, "Durations") between
         checkpoints (setting ``streamlb.checkpoint.interval``, 1 s).

@@ -247,6 +247,16 @@ def test_the_user_guide_lists_every_job_member():
     assert not stale, f"docs/user-guide.md, the Job table, lists {stale}, which Job does not have"
 
 
+@pytest.mark.parametrize("method, columns", [("metrics()", "METRIC_COLUMNS"),
+                                             ("imbalance(operator)", "IMBALANCE_COLUMNS")])
+def test_the_user_guide_lists_every_column(method, columns):
+    row = next(r for r in _user_guide_section("| method | returns |", "\n\n").splitlines()
+               if r.startswith(f"| `{method}` |"))
+    listed = {c.strip() for cell in re.findall(r"`([\w, ]+)`", row) if "," in cell for c in cell.split(",")}
+    missing = [c for c in getattr(streamlb, columns) if c not in listed]
+    assert not missing, f"docs/user-guide.md: the row of {method} does not list its columns {missing}"
+
+
 def test_the_user_guide_lists_every_run_argument():
     section = _user_guide_section("## Running: `streamlb.run` and `Job`", "`Job` methods:")
     params = [p for p in inspect.signature(streamlb.run).parameters if p != "node"]

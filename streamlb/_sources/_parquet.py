@@ -77,19 +77,6 @@ def file_key(root: str, path: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def source_root(path: str) -> str:
-    """The root of ``from_parquet(path)``, absolute: the directory itself, or the directory
-    of a single file (as the driver's working directory resolves a relative path).
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "x.parquet").touch()
-    >>> source_root(str(d / "x.parquet")) == source_root(str(d)) == str(d)
-    True
-    """
-    path = os.path.abspath(path)
-    return os.path.dirname(path) if os.path.isfile(path) else path
-
-
 def _skipping(batches, rows: int):
     """Record batches without their first ``rows`` rows."""
     for rb in batches:
