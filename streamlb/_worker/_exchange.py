@@ -407,7 +407,9 @@ def bad_keys(keys: pd.Series, kind: str | None) -> tuple[np.ndarray | None, list
     null = keys.isna().to_numpy()
     bad = null
     if kind is not None:
-        if keys.dtype == object:
+        if keys.dtype == object and kind == "O":        # the common case, kept a bare isinstance
+            fits = np.fromiter((isinstance(k, str) for k in keys), bool, len(keys))
+        elif keys.dtype == object:
             fits = np.fromiter((_kind_of(k) == kind for k in keys), bool, len(keys))
         else:
             fits = np.full(len(keys), key_kind_of(keys) in (kind, None))
