@@ -6,6 +6,8 @@ Real worker processes (one module-scoped LocalCluster of two), exact against pan
 from __future__ import annotations
 
 import collections
+import os
+import signal
 import time
 import warnings
 
@@ -72,6 +74,29 @@ def test_results_with_checkpoints_are_exactly_once(two_workers, log, tmp_path):
     out = pd.concat(got).sort_values(["key", "value"]).reset_index(drop=True)
     want = df[df["value"] % 7 == 0].sort_values(["key", "value"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(out, want)
+
+
+def test_results_are_exactly_once_across_a_lost_worker(two_workers, log, tmp_path):
+    """A worker SIGKILLed while the driver iterates: the job recovers from its last
+    checkpoint inside the iteration, and every row comes exactly once."""
+    path, df = log
+    src = Stream.from_parquet(path, batch_size=500, rate=4_000)
+    rows = src.map(lambda b: b[b["value"] % 3 == 0]).sink_to_list()
+    job = streamlb.run(src, client=two_workers, checkpoint=str(tmp_path / "ck"), checkpoint_interval="300ms")
+    got, victim = [], None
+    with job:
+        for batch in job.results(rows):
+            got.append(batch)
+            if victim is None:
+                victim = sorted(set(job.workers_of.values()))[0]
+                os.kill(two_workers.run(os.getpid)[victim], signal.SIGKILL)
+        assert job.status == "done"
+        recoveries = [h for h in job.history if h.get("kind") == "recovery"]
+    assert len(recoveries) == 1 and recoveries[0]["lost_workers"] == [victim]
+    out = pd.concat(got).sort_values(["key", "value"]).reset_index(drop=True)
+    want = df[df["value"] % 3 == 0].sort_values(["key", "value"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(out, want)
+    two_workers.wait_for_workers(2, timeout=60)     # the nanny restarts it, for the tests after
 
 
 def test_results_names_the_sink(two_workers):
