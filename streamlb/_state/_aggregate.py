@@ -143,7 +143,9 @@ class AggregateState(StateStore):
                 for i in np.flatnonzero(wrong):
                     reasons.setdefault(int(i), f"column {c!r} holds {frame[c].iloc[i]!r}, not a number")
                 bad = wrong if bad is None else bad | wrong
-            frame = frame.assign(**{c: num.astype(np.float64)})
+                # parsed again without them, so that integers (as JSON gives them) stay int64
+                num = pd.to_numeric(frame[c].where(~wrong, "0"), errors="coerce")
+            frame = frame.assign(**{c: num if num.dtype.kind in "iu" else num.astype(np.float64)})
         return frame, bad, [reasons[i] for i in sorted(reasons)]
 
     def _not_numeric(self, c: str, values: pd.Series) -> None:
