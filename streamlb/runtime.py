@@ -177,6 +177,7 @@ class Job:
         self._start(restored, fresh_clock=True)
         self.started_at = time.time()
         track(self)
+        self._lifecycle.watch()
         if self.checkpointer is not None:
             self.checkpointer.start()
         logger.info("job %s started: %s on %d workers, balancer %s, migration %s%s", self.id,

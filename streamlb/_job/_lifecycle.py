@@ -3,14 +3,19 @@
 :class:`Lifecycle` creates the instances as actors and wires them (again after a recovery,
 as a new incarnation), starts them, polls them for their status and outputs, waits until
 they finish (committing outputs and checkpoints) or fail, and stops them within one
-deadline, ``streamlb.stop-timeout``. Ctrl-C in :meth:`Lifecycle.wait` stops the job before
-the interrupt goes on; :func:`stop_live_jobs`, registered with :mod:`atexit` once a job
+deadline, ``streamlb.stop-timeout``. While no :meth:`Lifecycle.wait` polls, a watcher thread
+does, as Flink's JobMaster hears of a failed task: a failure fails the job at once (its
+status and error change, its other instances stop), and a lost worker of a checkpointed job
+is recovered from as during a wait. Ctrl-C in :meth:`Lifecycle.wait` is taken between two
+calls to the cluster (:func:`interrupts_between_calls`) and stops the job before the
+interrupt goes on; :func:`stop_live_jobs`, registered with :mod:`atexit` once a job
 exists, stops the jobs still running when the interpreter exits. Letting go of instances
 (and of the client ``run`` made) is :mod:`._release`'s.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -52,6 +57,37 @@ def track(job) -> None:
         _exit_hook = True
 
 
+@contextlib.contextmanager
+def interrupts_between_calls():
+    """Ctrl-C (SIGINT in the main thread) only sets the event yielded, for the caller to
+    raise ``KeyboardInterrupt`` between two calls to the cluster; a second Ctrl-C raises at once.
+
+    A ``KeyboardInterrupt`` inside a blocking call of distributed (``distributed.utils.sync``,
+    2026.8) makes it schedule ``cancel()`` on the client's event loop; if the loop has not
+    yet run the call's coroutine far enough to bind the ``future`` that ``cancel`` reads,
+    tornado logs ``ERROR ... NameError: cannot access free variable 'future'`` with a
+    traceback. Elsewhere (another thread, a handler of the user's own) nothing changes.
+    """
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield interrupted
+        return
+
+    def defer(signum, frame):
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, defer)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set():            # came as the wait ended
+        raise KeyboardInterrupt
+
+
 class Lifecycle:
     """Deploys, starts, polls, waits for and stops the instances of ``job``."""
 
@@ -59,6 +95,11 @@ class Lifecycle:
         self.job = job
         self.closed = False
         self.pending: dict = {}         # instance -> (its actor, a poll that did not answer in time)
+        self.polling = threading.RLock()    # one poll at a time: wait(), the watcher, the readers
+        self.waiting = 0                # wait() calls under way: the watcher rests meanwhile
+        self.ending = threading.Lock()  # a failure and a stop: only the first ends the job
+        self.unwatch = threading.Event()
+        self.watcher: threading.Thread | None = None
 
     def deploy(self, workers: list[str], restored: tuple[dict, str] | None, fresh_clock: bool,
                run: int = 0) -> None:
@@ -108,6 +149,10 @@ class Lifecycle:
         """Every instance's status and new outputs. ``timeout``: seconds to wait for an
         answer before raising ``TimeoutError`` (an instance on a worker that died may keep
         the call waiting for the connect timeout)."""
+        with self.polling:          # a late answer kept by one poll is taken by the next
+            return self._poll(timeout)
+
+    def _poll(self, timeout: float | None) -> list[dict]:
         job = self.job
         futs = []
         for k, a in list(job.actors.items()):      # a rescale may change them
@@ -164,16 +209,21 @@ class Lifecycle:
             return job
         if job.error is not None:
             raise job.error
+        self.waiting += 1
         try:
-            self._until_done(timeout, progress)
-            self._finish()
+            with interrupts_between_calls() as interrupted:
+                self._until_done(timeout, progress, interrupted)
+                self._finish()
         except KeyboardInterrupt:
             self.interrupted()
             raise
+        finally:
+            self.waiting -= 1
         return job
 
-    def _until_done(self, timeout: float | None, progress: bool) -> None:
-        """Poll until every instance is done; recover from lost workers meanwhile."""
+    def _until_done(self, timeout: float | None, progress: bool, interrupted: threading.Event) -> None:
+        """Poll until every instance is done; recover from lost workers meanwhile. Raise
+        ``KeyboardInterrupt`` once ``interrupted`` is set."""
         job = self.job
         deadline = None if timeout is None else time.time() + timeout
         interval = config.seconds("poll-interval")
@@ -190,27 +240,16 @@ class Lifecycle:
             self._settle(list(job.actors), interval if deadline is None else
                          min(interval, max(deadline - time.time(), 0)))
             while True:
-                if job.recovery is not None and job.recovery.check():
-                    continue                        # a worker was lost: restored from a checkpoint
-                gone = job.cluster_gone()
-                if gone:
-                    self.on_failure(JobFailedError(f"job {job.id} cannot finish: {gone}"))
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
                 try:
-                    with job.topology_lock:         # not halfway through a recovery or a rescale
-                        rows = self.poll(timeout=poll_timeout)
-                    failed = [r["error"] for r in rows if r["status"] == "failed"]
+                    rows = self._look(poll_timeout)
                 except TimeoutError:                # slow to answer: was its worker lost?
                     if deadline is not None and time.time() > deadline:
                         raise TimeoutError(f"job {job.id} still running after {timeout}s") from None
                     continue
-                except JobFailedError as exc:       # an instance could not be reached
-                    rows, failed = [], [exc]
-                if failed:
-                    if job.recovery is not None and job.status == "running" and job.recovery.handle(failed[0]):
-                        continue                    # a worker was lost: restored from a checkpoint
-                    if job.error is not None:       # the recoveries ran out
-                        raise job.error
-                    self.on_failure(failed[0])
+                if rows is None:
+                    continue                        # a worker was lost: restored from a checkpoint
                 if bar is not None:
                     bar.n = sum(r["records_out"] for r in rows if job.plan.stages[r["key"][0]].is_source)
                     bar.refresh()
@@ -225,19 +264,73 @@ class Lifecycle:
             if bar is not None:
                 bar.close()
 
+    def _look(self, poll_timeout: float) -> list[dict] | None:
+        """Poll the instances once (``TimeoutError`` if one is slow to answer): their rows;
+        None if a worker was lost and the job recovered from a checkpoint meanwhile. A
+        failure that no recovery handles fails the job: its error is raised."""
+        job = self.job
+        if job.error is not None:           # failed in another thread (the watcher, a checkpoint's recovery)
+            raise job.error
+        if job.recovery is not None and job.recovery.check():
+            return None
+        gone = job.cluster_gone()
+        if gone:
+            self.on_failure(JobFailedError(f"job {job.id} cannot finish: {gone}"))
+        try:
+            with job.topology_lock:         # not halfway through a recovery or a rescale
+                rows = self.poll(timeout=poll_timeout)
+            failed = [r["error"] for r in rows if r["status"] == "failed"]
+        except JobFailedError as exc:       # an instance could not be reached
+            rows, failed = [], [exc]
+        if failed:
+            if job.recovery is not None and job.status == "running" and job.recovery.handle(failed[0]):
+                return None
+            if job.error is not None:       # the recoveries ran out, or the job failed meanwhile
+                raise job.error
+            self.on_failure(failed[0])
+        return rows
+
+    def watch(self) -> None:
+        """Start the watcher: while no :meth:`wait` polls the running job, poll it every
+        ``streamlb.watch-interval`` (sooner when an instance ends), so that a failure fails
+        the job without a call to ``wait``."""
+        self.watcher = threading.Thread(target=self._watch, name=f"streamlb-watch-{self.job.id}", daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        job = self.job
+        interval = config.seconds("watch-interval")
+        poll_timeout = 2.0 if job.recovery is not None else config.seconds("stop-timeout")
+        running = None                  # the instances to hear from: all at first
+        while not self.unwatch.is_set() and job.status == "running":
+            if self.waiting:
+                self.unwatch.wait(interval)
+                continue
+            self._rest(list(job.actors) if running is None else running, interval)
+            if self.unwatch.is_set() or self.waiting or job.status != "running":
+                continue
+            try:
+                rows = self._look(poll_timeout)
+            except TimeoutError:
+                continue
+            except Exception as exc:        # the job failed: said once, wait() raises it
+                if job.error is exc:
+                    logger.warning("job %s failed: %s: %s", job.id, type(exc).__name__, exc)
+                return
+            if rows is None:
+                running = None              # recovered: new instances
+            elif all(r["status"] == "done" for r in rows):
+                return                      # finished: wait() commits it
+            else:
+                running = [r["key"] for r in rows if r["status"] in ("ready", "running")]
+
     def _settle(self, running: list, interval: float) -> None:
         """Wait ``interval`` between polls, less if one of the ``running`` instances ends
         meanwhile (each waits for that on its worker, see ``Readable.settled``): the job is
         seen done when its last instance ends. Outside the topology lock, so a rescale or a
         recovery from another thread gets it between polls."""
         t0 = time.monotonic()
-        actors = [a for k in running if (a := self.job.actors.get(k)) is not None]
-        futs = []
-        for a in actors:
-            try:
-                futs.append(a.settled(interval))
-            except Exception:               # a lost worker: the next poll says so
-                pass
+        futs = self._hold(running, interval)
         for f in futs:
             try:
                 f.result(timeout=max(interval - (time.monotonic() - t0), 0.0) + 1.0)
@@ -245,6 +338,26 @@ class Lifecycle:
                 pass
         if not futs:
             time.sleep(interval)
+
+    def _hold(self, running: list, interval: float) -> list:
+        """Ask each of the ``running`` instances for its status once it ends, or after
+        ``interval`` (``Readable.settled``); the answers to come."""
+        futs = []
+        for a in [a for k in running if (a := self.job.actors.get(k)) is not None]:
+            try:
+                futs.append(a.settled(interval))
+            except Exception:               # a lost worker: the next poll says so
+                pass
+        return futs
+
+    def _rest(self, running: list, interval: float) -> None:
+        """The watcher's pause between polls: ``interval``, less if one of the ``running``
+        instances ends meanwhile, and over within 0.1 s of a stop or of a wait() starting."""
+        futs = self._hold(running, interval)
+        end = time.monotonic() + interval
+        while not self.unwatch.wait(0.1):
+            if self.waiting or time.monotonic() >= end or any(f.done() for f in futs):
+                return
 
     def _finish(self) -> None:
         """Every instance is done: commit the outputs, end the job's threads, and keep what
@@ -270,10 +383,14 @@ class Lifecycle:
                 signal.signal(signal.SIGINT, previous)
 
     def on_failure(self, err: BaseException) -> None:
-        """An instance failed: the job fails with ``err``, its instances stopped."""
+        """An instance failed: the job fails with ``err``, its instances stopped (unless it
+        ended meanwhile: failed from another thread, or stopped)."""
         job = self.job
-        job.status = "failed"
-        job.error = err
+        with self.ending:
+            if job.status != "running":
+                raise job.error or err
+            job.status = "failed"
+            job.error = err
         job._release.stop_instances(list(job.actors), config.seconds("stop-timeout"))
         self._remove_uncommitted()
         raise err
@@ -303,9 +420,13 @@ class Lifecycle:
         timeout = config.seconds("stop-timeout")
         deadline = time.time() + timeout
         left = lambda: max(deadline - time.time(), 0.05)     # noqa: E731
-        running = job.status == "running"
-        if running:
-            job.status = "stopped"          # the checkpoint and autoscaling threads end at once
+        self.unwatch.set()
+        with self.ending:
+            running = job.status == "running"
+            if running:
+                job.status = "stopped"      # the checkpoint, autoscaling and watcher threads end at once
+        if self.watcher is not None and self.watcher is not threading.current_thread():
+            self.watcher.join(timeout=left())
         for part in (job.autoscaler, job.checkpointer):
             if part is not None:
                 part.stop(timeout=left())
