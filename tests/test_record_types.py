@@ -189,3 +189,41 @@ def test_kafka_json_sets_aside_an_odd_key_and_an_odd_value_alone(two_workers, ka
     _same(state, _truth(data.drop(index=[100, 4000]), "customer"))
     assert sorted(dead.reason) == ["column 'v' holds 'lots', not a number",
                                    "key 'customer' is str 'x'; this column's keys are integers"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_floats_after_integers_widen_the_column_never_truncate(two_workers, backend):
+    """A column whose first batches hold integers and a later one floats (as JSON gives 1
+    and 2.5): sums, minima and maxima become float64, as pandas gives them over all the
+    rows, whether the router combined a batch per key (several rows a key) or not."""
+    ints = pd.DataFrame({"k": [0, 0, 1, 1, 2, 2], "v": [1, 2, 3, 4, 5, 6]})
+    floats = pd.DataFrame({"k": [0, 0, 1, 1, 2, 2], "v": [2.5, 0.25, 1.5, 4.75, -3.5, 8.0]})
+    single = pd.DataFrame({"k": [0, 1, 2], "v": [0.5, 7.0, -1.25]})
+    src = Stream.from_iterable([ints, single, floats, ints])
+    # an output after it: each batch's update is read back, so RocksDB holds the integers
+    # (not only its buffer) when the floats come
+    emitted = src.key_by("k").aggregate(HOWS, name="widened").sink_to_list()
+    with streamlb.run(src, client=two_workers, parallelism=2, state_backend=backend) as job:
+        job.wait(timeout=120)
+        state = job.state("widened")
+    want = _truth(pd.concat([ints, single, floats, ints]), "k")
+    _same(state, want)
+    last = pd.concat(emitted).groupby(level=0).last().sort_index()
+    pd.testing.assert_frame_equal(last, want, check_dtype=False, check_index_type=False)
+
+
+def test_window_floats_after_integers_widen_the_column(two_workers, tmp_path):
+    """The same in a tumbling window and a session window."""
+    t0 = pd.Timestamp("2026-01-01")
+    ints = pd.DataFrame({"k": [0, 0, 1, 1], "v": [1, 2, 3, 4], "t": t0 + pd.to_timedelta([0, 1, 2, 3], "s")})
+    floats = ints.assign(v=[2.5, 0.25, 1.5, 4.75], t=t0 + pd.to_timedelta([4, 5, 6, 7], "s"))
+    src = Stream.from_iterable([ints, floats]).with_watermark("t")
+    keyed = src.key_by("k")
+    keyed.window(size="100s").aggregate(HOWS, name="tumbling").to_parquet(str(tmp_path / "tumbling"))
+    keyed.window(gap="10s").aggregate(HOWS, name="session").to_parquet(str(tmp_path / "session"))
+    with streamlb.run(src, client=two_workers, parallelism=2) as job:
+        job.wait(timeout=120)
+    want = _truth(pd.concat([ints, floats]), "k")
+    for name in ("tumbling", "session"):
+        got = pd.read_parquet(tmp_path / name).set_index("k").sort_index()[list(HOWS)]
+        _same(got, want)

@@ -11,6 +11,7 @@ from ..exceptions import SchemaError
 from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._index import _KeyIndex
+from ._partials import whole
 from ._shards import _AggShard, _PendingSplit, frame_of
 
 # Aggregate state lives in shards, each holding a range of key groups. A shard that grows
@@ -173,6 +174,8 @@ class AggregateState(StateStore):
         for c, arr in cols.items():
             if c not in self.dtypes:
                 self.dtypes[c] = np.dtype(np.int64) if arr.dtype.kind in "iub" else np.dtype(np.float64)
+            elif arr.dtype.kind == "f" and self.dtypes[c].kind in "iu" and not whole(arr):
+                self.widen(c)
         self._adopt_split()
         if groups is None:
             groups = self._groups_of(keys)
@@ -379,7 +382,14 @@ class AggregateState(StateStore):
     def _as_held(self, tables: dict) -> dict:
         """Partial tables in the dtypes held here (a helper may have seen a column as float
         where this state holds ints, as a batch with a null does); a min or max over no value
-        becomes this table's identity rather than a cast infinity."""
+        becomes this table's identity rather than a cast infinity. Floats that are not whole
+        numbers widen a column held as integers first (:meth:`widen`)."""
+        for (name, c), vals in tables.items():
+            dt = self.dtypes.get(c)
+            if name != "cnt" and vals.dtype.kind == "f" and dt is not None and dt.kind in "iu":
+                has = tables[("cnt", c)] > 0 if ("cnt", c) in tables else np.isfinite(vals)
+                if not whole(vals[has]):
+                    self.widen(c)
         out = {}
         for (name, c), vals in tables.items():
             dt = self.dtypes.get(c)
@@ -393,6 +403,14 @@ class AggregateState(StateStore):
                     vals = vals.astype(dt)
             out[(name, c)] = vals
         return out
+
+    def widen(self, c: str) -> None:
+        """Hold column ``c``, held as integers so far, as float64 from now on: a value that
+        is not a whole number came (pandas gives a column of integers and floats as floats);
+        truncating it would be silently wrong."""
+        self.dtypes[c] = np.dtype(np.float64)
+        for sh in self.shards:
+            sh.widen(c)
 
     def reserve(self, groups) -> None:
         """Make room for incoming key groups ahead of their state: a shard of their own

@@ -15,6 +15,18 @@ RECORDS = "__streamlb_records__"        # records a combined row stands for
 PARTIAL = "__streamlb_{}__{}"           # a partial table of a column: .format(table, column)
 
 
+def whole(vals: np.ndarray) -> bool:
+    """Whether float ``vals`` (NaN skipped) are all whole numbers that int64 holds: what a
+    state of integers may take in without truncating (a column of integers that held
+    nulls arrives as such floats).
+
+    >>> whole(np.array([1.0, np.nan, -3.0])), whole(np.array([2.5])), whole(np.array([np.inf]))
+    (True, False, False)
+    """
+    v = vals[~np.isnan(vals)]
+    return bool(np.isfinite(v).all() and (np.round(v) == v).all() and (np.abs(v) < 2.0**63).all())
+
+
 def records_of(frame: pd.DataFrame) -> int:
     """The records ``frame`` stands for: its rows, or the sum of a combined frame's
     :data:`RECORDS`."""

@@ -150,8 +150,38 @@ class RocksAggregateState(StateStore):
     def _layout(self, tables: dict) -> None:
         if self.tables is None:
             self.tables = sorted(tables)
-            self.row = np.dtype([(f"f{i}", np.int64 if name == "cnt" else self.dtypes[c])
-                                 for i, (name, c) in enumerate(self.tables)])
+        row = np.dtype([(f"f{i}", np.int64 if name == "cnt" else self.dtypes[c])
+                        for i, (name, c) in enumerate(self.tables)])
+        if self.row is not None and row != self.row:
+            self._rewrite(row)
+        self.row = row
+
+    def _rewrite(self, row: np.dtype) -> None:
+        """Every value stored again in the layout ``row``: a column held as integers was
+        widened to float64 (``AggregateState.widen``), once per column over the whole state.
+        An iterator reads the database as it was when it began, so the writes go alongside."""
+        raw, vals = [], []
+        for k, v in self.db.items():
+            raw.append(k)
+            vals.append(v)
+            if len(raw) == SCAN_CHUNK:
+                self._put(raw, self._relaid(vals, row))
+                raw, vals = [], []
+        if raw:
+            self._put(raw, self._relaid(vals, row))
+
+    def _relaid(self, vals: list, row: np.dtype) -> list:
+        """Stored values (in ``self.row``) in the layout ``row``; a minimum or maximum of no
+        value becomes the new type's identity."""
+        old = np.frombuffer(b"".join(vals), self.row)
+        new = np.empty(len(old), row)
+        for i, (name, c) in enumerate(self.tables):
+            f = f"f{i}"
+            new[f] = old[f]
+            if name in ("min", "max") and row[f] != self.row[f] and ("cnt", c) in self.tables:
+                empty = old[f"f{self.tables.index(('cnt', c))}"] == 0
+                new[f][empty] = _identity(name, row[f], 1)[0]
+        return new.view(f"V{row.itemsize}").tolist()
 
     def _values(self, tables: dict, n: int) -> list:
         rows = np.empty(n, self.row)

@@ -145,6 +145,19 @@ class _AggShard:
         if len(back):
             self.held += self._count(np.unique(back))
 
+    def widen(self, c: str) -> None:
+        """Hold column ``c``'s sums, minima and maxima as float64 (its owner's dtype now);
+        a minimum or maximum of no value becomes the float identity."""
+        for name, table in self._tables(c):
+            if name == "cnt" or c not in table:
+                continue
+            vals = table[c].astype(np.float64)
+            if name in ("min", "max"):
+                cnt = self.cnt[c]
+                k = min(len(vals), len(cnt))
+                vals[:k][cnt[:k] == 0] = self._identity(name, vals.dtype)
+            table[c] = vals
+
     def _identity(self, table: str, dt: np.dtype):
         if table == "min":
             return np.inf if dt.kind == "f" else np.iinfo(dt).max

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
+from ._partials import whole
 
 
 class Accumulators:
@@ -33,6 +34,8 @@ class Accumulators:
                               "sum/min/max/mean need a numeric column")
         if c not in self.dtypes and len(arr):
             self.dtypes[c] = np.dtype(np.int64) if arr.dtype.kind in "iub" else np.dtype(np.float64)
+        elif arr.dtype.kind == "f" and self.dtypes.get(c, arr.dtype).kind in "iu" and not whole(arr):
+            self.dtypes[c] = np.dtype(np.float64)      # held as Python numbers: nothing to convert
         return arr
 
     def build(self, frame: pd.DataFrame, codes: np.ndarray, n: int) -> list[list]:
