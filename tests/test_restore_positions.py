@@ -140,7 +140,9 @@ def test_a_run_on_a_checkpoint_directory_that_holds_a_checkpoint_resumes(two_wor
     last = int(job.checkpoints()["id"].max())
     frame = pd.concat([frame, write_parts(data, ["part-2.parquet"], seed=6)], ignore_index=True)
     with caplog.at_level(logging.INFO, logger="streamlb"):
-        job = streamlb.run(build(str(data)), client=two_workers, checkpoint=ck, checkpoint_interval=0.2)
+        # paced, so that it lives through checkpoints of its own (their ids go on from run 1's)
+        job = streamlb.run(build(str(data), rate=20_000), client=two_workers, checkpoint=ck, checkpoint_interval=0.2)
+        wait_for_checkpoint(job)
         job.wait(timeout=60)
     assert_exact(job, frame)
     assert 0 < job.summary()["records"] < len(frame)
