@@ -6,6 +6,8 @@ carry an event time up to 2 s earlier than their arrival. Counted per page and 5
 window twice: with a watermark delay of 2 s no record is late; with no delay some are, and
 they come out of the late stream instead of being dropped.
 
+The first few batches of windows are printed as the job emits them (``job.results``).
+
 Run: python examples/windows.py
 """
 from __future__ import annotations
@@ -44,6 +46,11 @@ def count(root: str, delay: str):
     windows.sink(out.append)
     windows.late().sink(late.append)
     with streamlb.run(src, n_workers=2) as job:
+        # the driver sees each batch of windows as the watermark passes their end (job.results
+        # drives the job as wait() does, and ends with it)
+        for i, batch in enumerate(job.results(out)):
+            if i < 3:
+                print(f"delay {delay}: {len(batch)} windows fired, ending up to {batch.window_end.max()}")
         job.wait(timeout=120)
         marks = job.watermarks()
     rows = pd.concat(out, ignore_index=True).sort_values(["page", "window_start"], ignore_index=True)

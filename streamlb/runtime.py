@@ -486,8 +486,10 @@ class Job:
     def dead_letters(self) -> pd.DataFrame:
         """Records set aside instead of failing the job, with the reason.
 
-        Columns ``operator, instance, reason, record`` (the record as a dict). Today: records
-        whose key is null or of the wrong type, and aggregate inputs that are not numbers.
+        Columns ``operator, instance, reason, record`` (the record as a dict): records whose
+        key is null or of another type than the operator's keys, aggregate inputs that are not
+        numbers, and files of a watched directory of another schema (one record per file,
+        naming it and its columns).
         """
         return self._results.dead_letters()
 
