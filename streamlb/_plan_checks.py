@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from . import config
 from .exceptions import KeyTypeError, SchemaError
 from ._plan_time import check_event_time as _check_event_time
+from ._sources._directory import accepts
 
 if TYPE_CHECKING:
     from .planner import Plan
@@ -62,7 +63,7 @@ def _check_columns(plan: Plan) -> None:
                 t = cols[key]
                 import pyarrow.types as pt
 
-                if not (pt.is_integer(t) or pt.is_boolean(t) or pt.is_string(t) or pt.is_large_string(t)):
+                if not accepts("key", t):
                     raise KeyTypeError(
                         f"operator {st.name!r}: key column {key!r} has type {t}, which the "
                         "key-group hash cannot take; valid key types are integers, booleans and strings"
@@ -73,11 +74,9 @@ def _check_columns(plan: Plan) -> None:
 def _check_numeric(st, cols: dict, path: str, after: str) -> None:
     """Raise SchemaError where aggregate ``st`` sums (or takes the mean, minimum or maximum
     of) a column whose Parquet type is not a number."""
-    import pyarrow.types as pt
-
     for c, how in st.spec.values():
         t = cols[c]
-        if how == "count" or pt.is_integer(t) or pt.is_floating(t) or pt.is_boolean(t) or pt.is_decimal(t):
+        if how == "count" or accepts("number", t):
             continue
         raise SchemaError(
             f"operator {st.name!r}: {how} of column {c!r}, which has type {t} in {path!r}{after}; "

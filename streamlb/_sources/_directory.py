@@ -58,7 +58,14 @@ KINDS = {
 }
 
 
-def _accepts(kind: str, t) -> bool:
+def accepts(kind: str, t) -> bool:
+    """Whether a column of Arrow type ``t`` holds what a use of kind ``kind`` (a key of
+    :data:`KINDS`) takes; the planner's checks of a fixed input's schema ask the same.
+
+    >>> import pyarrow as pa
+    >>> accepts("key", pa.string()), accepts("key", pa.float64()), accepts("number", pa.decimal128(5, 2))
+    (True, False, True)
+    """
     import pyarrow.types as pt
 
     if kind == "key":
@@ -131,7 +138,7 @@ def schema_problems(schema, expects: dict) -> list[str]:
     for column, (kind, who) in expects.items():
         if column not in types:
             out.append(f"no column {column!r} ({who} needs it)")
-        elif not _accepts(kind, types[column]):
+        elif not accepts(kind, types[column]):
             out.append(f"column {column!r} is {types[column]}, {who} needs {KINDS[kind]}")
     return out
 
