@@ -115,7 +115,7 @@ def quarter(table, parallelism: int) -> dict[int, int]:
 def capacity(query: str, path: str, man: dict, workers: int, batch: int) -> float:
     """Events/s of the log when ``query`` reads it as fast as it goes."""
     import streamlb
-    from streamlb._cli_nexmark import build
+    from streamlb.cli._nexmark import build
 
     node, _ = build(query, path, man, batch_size=batch)
     with streamlb.run(node, n_workers=workers, window=WINDOW) as job:
@@ -167,8 +167,8 @@ def run(query: str, path: str, man: dict, rate: float, label: str, workers: int,
 
 def _run(query: str, path: str, man: dict, rate: float, strategy: str, workers: int, batch: int, want) -> dict:
     import streamlb
-    from streamlb._cli_nexmark import build
-    from streamlb._cli_args import _latencies
+    from streamlb.cli._nexmark import build
+    from streamlb.cli._args import _latencies
     from streamlb.nexmark._check import differences, result
 
     node, out = build(query, path, man, rate=rate, batch_size=batch)
@@ -282,7 +282,7 @@ def plot(results: dict, path: str):
 def main(argv=None) -> int:
     sys.path.insert(0, REPO)
     from streamlb import datasets
-    from streamlb._cli_nexmark import default_data, prepared
+    from streamlb.cli._nexmark import default_data, prepared
     from streamlb._migration._epochs import STRATEGIES as KNOWN
     from streamlb.nexmark._truth import truth
 

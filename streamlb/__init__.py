@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from . import config as _config  # noqa: F401  (installs the dask.config defaults)
-from . import nodes as _nodes  # noqa: F401  (registers the nodes on streamz.Stream)
 from .exceptions import (
     BrokerUnreachableError,
     CheckpointError,
@@ -25,21 +24,31 @@ from .exceptions import (
 )
 from .keygroups import assign_to_key_group, stable_hash
 from .balancer import Balancer, LoadReport, Move
-from .plugin import BalancerPlugin
 from .routing import RoutingTable
-from .runtime import IMBALANCE_COLUMNS, METRIC_COLUMNS, Job, run
 from . import latency
+from ._streamz_hook import register_nodes_with_streamz
 
 __version__ = "0.1.0"
 
 # Submodules loaded on first use: ``import streamlb`` stays light (no PySpark, no
 # matplotlib), and ``streamlb.datasets.zipf(...)`` works without importing it first.
-_LAZY_MODULES = ("datasets", "simulator", "scaler", "cli", "config")
+_LAZY_MODULES = ("datasets", "simulator", "scaler", "cli", "config", "nodes", "planner", "runtime", "plugin")
+#: The user API, loaded on first use: a worker process imports ``streamlb`` (the package of
+#: every actor it runs) but never the planner, the nodes or streamz (docs/runtime.md, "Layers").
+_LAZY_NAMES = {"run": "runtime", "Job": "runtime", "METRIC_COLUMNS": "runtime", "IMBALANCE_COLUMNS": "runtime",
+               "BalancerPlugin": "plugin"}
+
+# The nodes register on ``streamz.Stream`` as soon as streamz is imported, before or after
+# streamlb: ``import streamlb`` followed by ``Stream.from_parquet`` works as it always did,
+# and a process that never imports streamz (a Dask worker) never loads them.
+register_nodes_with_streamz()
 
 
 def __getattr__(name: str):
     import importlib
 
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
     if name in _LAZY_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
     if name == "simulate":          # the function; the module is streamlb.simulator
@@ -48,7 +57,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY_MODULES, "simulate"})
+    return sorted({*globals(), *_LAZY_MODULES, *_LAZY_NAMES, "simulate"})
 
 
 __all__ = [

@@ -11,11 +11,15 @@ import site
 import sys
 import sysconfig
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+import numpy as np
 
-from .exceptions import UnpicklableFunctionError
+from .exceptions import UnpicklableFunctionError, UserFunctionError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _INSTALLED = tuple(
     os.path.realpath(p) + os.sep
@@ -82,3 +86,23 @@ class UserFunction:
 
     def __reduce__(self):
         return (_load, (self.payload(),))
+
+
+class Where:
+    """A join's ``where(joined) -> mask``, checked and named in errors."""
+
+    def __init__(self, operator: str, func) -> None:
+        self.operator, self.func = operator, getattr(func, "func", func)
+
+    def __call__(self, joined: pd.DataFrame) -> np.ndarray:
+        what = f"join {self.operator!r}: where function {describe(self.func)}"
+        try:
+            mask = np.asarray(self.func(joined))
+        except Exception as exc:
+            raise UserFunctionError(f"{what} raised {type(exc).__name__}: {exc} on {len(joined)} joined rows",
+                                    operator=self.operator, function=describe(self.func)) from exc
+        if mask.shape != (len(joined),) or mask.dtype.kind != "b":
+            raise UserFunctionError(f"{what} returned {mask.dtype} of shape {mask.shape} for {len(joined)} joined "
+                                    "rows; return one boolean per row", operator=self.operator,
+                                    function=describe(self.func))
+        return mask

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from . import config
-from .planner import Stage
+from ._plan._model import Stage
 
 Key = tuple[int, int]           # (stage id, instance index)
 

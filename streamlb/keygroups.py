@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .exceptions import KeyTypeError
+from .exceptions import KeyTypeError, MigrationError
 
 __all__ = [
     "stable_hash",
@@ -121,3 +121,11 @@ def key_group_range_for_instance(instance: int, key_groups: int, parallelism: in
     start = -(-instance * key_groups // parallelism)
     stop = -(-(instance + 1) * key_groups // parallelism)
     return range(start, stop)
+
+
+def key_group_of(key, key_groups: int, operator: str = "") -> int:
+    """Key group of one key; a key the hash cannot take is a MigrationError naming it."""
+    try:
+        return int(assign_to_key_group(np.asarray([key]), key_groups)[0])
+    except Exception as exc:
+        raise MigrationError(f"operator {operator!r}: key {key!r} cannot be split: {exc}") from None

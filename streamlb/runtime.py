@@ -1,10 +1,11 @@
 """``run``: plan a streamz graph, place its instances as Dask actors, and the ``Job`` handle.
 
 ``run`` checks its arguments into one :class:`~streamlb._job.RunOptions`, reaches a cluster
-and plans the graph there (``streamlb._job._launch``); ``Job`` is the one public handle and
-composes a part per concern, each in a private module of ``streamlb._job``: its lifecycle,
-the release of its instances, its results, its reconfiguration and its checkpoints. The
-deployment the parts share (plan, actors, routing tables, locks) stays on the ``Job``.
+(``streamlb._job._launch``) and plans the graph there (``streamlb.planner._on_cluster``);
+``Job`` is the one public handle and composes a part per concern, each in a private module
+of ``streamlb._job``: its lifecycle, the release of its instances, its results, its
+reconfiguration and its checkpoints. The deployment the parts share (plan, actors, routing
+tables, locks) stays on the ``Job``.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ._job._options import RunOptions
 from ._job._reconfigure import Reconfiguration
 from ._job._release import Release
 from ._job._results import IMBALANCE_COLUMNS, METRIC_COLUMNS, Results
-from .planner import Plan
+from ._plan._model import Plan
+from .planner import _on_cluster
 from .routing import RoutingTable
 
 __all__ = ["run", "Job", "METRIC_COLUMNS", "IMBALANCE_COLUMNS"]
@@ -114,9 +116,9 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         checkpoint=checkpoint, checkpoint_interval=checkpoint_interval, restore=restore,
         restart_attempts=restart_attempts, state_backend=state_backend)
     if client is None:              # nothing is started or reached for a graph that cannot run
-        _launch.check_graph(node, options)
+        _on_cluster.check_graph(node, options)
     with _launch.connected(options, client) as (client, cluster, owned):
-        workers, p, ranges = _launch.plan_on(client, node, options)
+        workers, p, ranges = _on_cluster.plan_on(client, node, options)
         job = Job(p, client, cluster, workers, options, owns_client=owned)
         _launch.start_autoscaling(job, options, ranges)
         return job
@@ -156,13 +158,13 @@ class Job:
         self._checkpoints = Checkpoints(self, options)
         self.checkpointer, self.recovery = self._checkpoints.checkpointer, self._checkpoints.recovery
 
-        from ._skew import first_tables
+        from .planner._skew import first_tables
 
         self.first_tables = first_tables(plan.stages, self.key_groups)     # what a recovery starts from
         self.tables = dict(self.first_tables)
         restored = options.restored
         if restored is not None:
-            from ._checkpoint._restore import restored_tables
+            from ._recovery._restore import restored_tables
 
             self.tables.update(restored_tables(restored[0], plan.stages))
         self.exchanges = _placement.exchange_specs(

@@ -102,7 +102,7 @@ def test_checkpoints_are_exact_incremental_and_retained(two_workers, data, tmp_p
     # only the newest two are kept, and every file they name is there, unchanged
     kept = sorted(d for d in os.listdir(ck) if d.startswith("chk-"))
     assert [int(d[4:]) for d in kept] == list(cps["id"].iloc[-2:])
-    from streamlb._checkpoint._storage import read_manifest, verify
+    from streamlb._checkpoint._manifest import read_manifest, verify
 
     manifest, base = read_manifest(ck)
     verify(base, manifest)
@@ -198,7 +198,7 @@ def test_restore_a_savepoint_at_another_parallelism(two_workers, data, savepoint
 def test_bad_checkpoints_are_refused_naming_the_file(two_workers, data, savepoint, tmp_path):
     import shutil
 
-    from streamlb._checkpoint._storage import read_manifest
+    from streamlb._checkpoint._manifest import read_manifest
 
     path, _ = data
     blocker = tmp_path / "a-file"

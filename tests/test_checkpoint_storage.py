@@ -16,7 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from streamlb._checkpoint import _storage as storage
+from streamlb._checkpoint import _files as files_io, _format as format_io, _manifest as manifest_io, \
+    _paths as paths_io, _retention as retention_io
 from streamlb._state import AggregateState, StatefulMapState
 from streamlb.exceptions import CheckpointError
 from streamlb.keygroups import assign_to_key_group
@@ -51,7 +52,7 @@ def _manifest(operator: str, *written: dict, base: str = "..") -> dict:
             continue
         files[w["file"]] = {"bytes": w["bytes"], "crc32": w["crc32"]}
         groups.update({str(g): [w["file"], *loc] for g, loc in w["groups"].items()})
-    return {"format": storage.FORMAT, "base": base, "files": files,
+    return {"format": format_io.FORMAT, "base": base, "files": files,
             "operators": {operator: {"kind": "aggregate", "groups": groups}}}
 
 
@@ -75,7 +76,7 @@ def test_aggregate_round_trip_of_a_subset_of_groups(tmp_path, kind):
     df = _frame(kind)
     store = AggregateState("agg", SPEC, "k", G)
     store.update(df)
-    written = storage.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", store.snapshot(range(G)))
+    written = files_io.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", store.snapshot(range(G)))
     assert written["file"] == "data/agg/a.arrow"
     assert written["bytes"] == os.path.getsize(tmp_path / "data" / "agg" / "a.arrow")
     # [offset, rows(, keys)]: a group's keys lie in its rows (all of them, in a sorted file)
@@ -85,11 +86,11 @@ def test_aggregate_round_trip_of_a_subset_of_groups(tmp_path, kind):
     for g, loc in written["groups"].items():
         assert (kg[loc[0]:loc[0] + loc[1]] == g).sum() == loc[-1] == (kg == g).sum()
 
-    storage.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", written))
-    manifest, base = storage.read_manifest(str(tmp_path))
+    manifest_io.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", written))
+    manifest, base = manifest_io.read_manifest(str(tmp_path))
     assert base == str(tmp_path)
-    storage.verify(base, manifest)
-    blob = storage.read_groups(base, manifest, "agg", "aggregate", SUBSET)
+    manifest_io.verify(base, manifest)
+    blob = files_io.read_groups(base, manifest, "agg", "aggregate", SUBSET)
     assert _groups_of_blob(blob) <= set(SUBSET)
     assert blob["dtypes"] == store.dtypes
 
@@ -113,12 +114,12 @@ def test_aggregate_encode_decode_keeps_parts_tables_and_dtypes():
         {"keys": keys[2:], "key_groups": np.array([1, 0]),
          "tables": {("cnt", "v"): np.array([1, 1]), ("max", "w"): np.array([np.nan, -0.5])}},
     ]}
-    table = storage.encode("aggregate", blob)
+    table = format_io.encode("aggregate", blob)
     assert table.column_names[:2] == ["key_group", "key"]
     assert table.schema.field("key_group").type == pa.int32()
     assert table.column("key_group").to_pylist() == [0, 1, 1, 5]          # stable by group
     assert table.column("key").to_pylist() == ["d", "b", "c", "a"]
-    back = storage.decode("aggregate", table)
+    back = format_io.decode("aggregate", table)
     assert back["dtypes"] == blob["dtypes"]
     rows = {}
     for part in back["parts"]:
@@ -143,7 +144,7 @@ def test_aggregate_keys_come_back_with_their_dtype(keys):
     blob = {"dtypes": {"v": np.dtype(np.int64)}, "parts": [
         {"keys": keys, "key_groups": np.arange(len(keys))[::-1].copy(),
          "tables": {("cnt", "v"): np.arange(len(keys))}}]}
-    back = storage.decode("aggregate", storage.encode("aggregate", blob))
+    back = format_io.decode("aggregate", format_io.encode("aggregate", blob))
     (part,) = back["parts"]
     assert part["keys"].dtype == keys.dtype
     assert list(part["keys"]) == list(keys[::-1])
@@ -152,22 +153,22 @@ def test_aggregate_keys_come_back_with_their_dtype(keys):
 
 def test_empty_blob_writes_nothing(tmp_path):
     store = AggregateState("agg", SPEC, "k", G)
-    out = storage.write_snapshot(str(tmp_path), "data/agg/x.arrow", "aggregate", store.snapshot(range(G)))
+    out = files_io.write_snapshot(str(tmp_path), "data/agg/x.arrow", "aggregate", store.snapshot(range(G)))
     assert out == {"file": None, "bytes": 0, "crc32": 0, "groups": {}}
     assert not (tmp_path / "data").exists()
     smap = StatefulMapState("m", lambda s, r: (s, None), "k", G)
-    out = storage.write_snapshot(str(tmp_path), "data/m/x.arrow", "stateful_map", smap.snapshot(range(G)))
+    out = files_io.write_snapshot(str(tmp_path), "data/m/x.arrow", "stateful_map", smap.snapshot(range(G)))
     assert out["file"] is None
 
 
 def test_read_groups_holding_nothing_is_an_empty_blob(tmp_path):
     manifest = _manifest("agg")
     manifest["operators"]["m"] = {"groups": {}}
-    assert storage.read_groups(str(tmp_path), manifest, "agg", "aggregate", range(G)) == {"dtypes": {}, "parts": []}
-    blob = storage.read_groups(str(tmp_path), manifest, "m", "stateful_map", [1, 2])
+    assert files_io.read_groups(str(tmp_path), manifest, "agg", "aggregate", range(G)) == {"dtypes": {}, "parts": []}
+    blob = files_io.read_groups(str(tmp_path), manifest, "m", "stateful_map", [1, 2])
     assert blob["states"] == {} and blob["key_groups"].dtype == np.int64 and len(blob["key_groups"]) == 0
     with pytest.raises(CheckpointError, match="'nope'"):
-        storage.read_groups(str(tmp_path), manifest, "nope", "aggregate", [1])
+        files_io.read_groups(str(tmp_path), manifest, "nope", "aggregate", [1])
 
 
 # -- stateful map ----------------------------------------------------------------------------
@@ -183,12 +184,12 @@ def test_stateful_map_round_trip_of_a_subset_of_groups(tmp_path, kind):
     df = _frame(kind, n=2000, seed=1)
     store = StatefulMapState("m", history, "k", G)
     store.update(df)
-    written = storage.write_snapshot(str(tmp_path), "data/m/a.arrow", "stateful_map", store.snapshot(range(G)))
+    written = files_io.write_snapshot(str(tmp_path), "data/m/a.arrow", "stateful_map", store.snapshot(range(G)))
     manifest = _manifest("m", written, base=".")
-    path = storage.write_manifest(str(tmp_path), ".", manifest)            # a savepoint
-    assert path == str(tmp_path / "_manifest.json")
-    manifest, base = storage.read_manifest(str(tmp_path))
-    blob = storage.read_groups(base, manifest, "m", "stateful_map", SUBSET)
+    path = manifest_io.write_manifest(str(tmp_path), ".", manifest)            # a savepoint
+    assert path == str(tmp_path / "manifest_io.json")
+    manifest, base = manifest_io.read_manifest(str(tmp_path))
+    blob = files_io.read_groups(base, manifest, "m", "stateful_map", SUBSET)
     keys = list(blob["states"])
     assert blob["key_groups"].tolist() == assign_to_key_group(
         np.array(keys, dtype=object if kind == "str" else None), G, name="k").tolist()
@@ -210,20 +211,20 @@ def test_stateful_map_round_trip_of_a_subset_of_groups(tmp_path, kind):
 def test_stateful_map_keys_of_mixed_types_round_trip():
     blob = {"states": {1: "a", "1": ("b",), 2.5: None, 2**70: [1], (1, 2): {}},
             "key_groups": np.array([4, 3, 2, 1, 0])}
-    back = storage.decode("stateful_map", storage.encode("stateful_map", blob))
+    back = format_io.decode("stateful_map", format_io.encode("stateful_map", blob))
     assert list(back["states"].items()) == [((1, 2), {}), (2**70, [1]), (2.5, None), ("1", ("b",)), (1, "a")]
     assert [type(k) for k in back["states"]] == [tuple, int, float, str, int]
     assert back["key_groups"].tolist() == [0, 1, 2, 3, 4]
     bools = {"states": {True: 1, False: 2}, "key_groups": np.array([0, 0])}
-    back = storage.decode("stateful_map", storage.encode("stateful_map", bools))
+    back = format_io.decode("stateful_map", format_io.encode("stateful_map", bools))
     assert list(back["states"].items()) == [(True, 1), (False, 2)]
     assert [type(k) for k in back["states"]] == [bool, bool]
 
 
 def test_decode_refuses_another_kind():
-    table = storage.encode("stateful_map", {"states": {1: 1}, "key_groups": np.array([0])})
+    table = format_io.encode("stateful_map", {"states": {1: 1}, "key_groups": np.array([0])})
     with pytest.raises(CheckpointError, match="stateful_map"):
-        storage.decode("aggregate", table)
+        format_io.decode("aggregate", table)
 
 
 # -- incremental -----------------------------------------------------------------------------
@@ -232,52 +233,52 @@ def test_incremental_manifest_reads_the_union_of_two_files(tmp_path):
     df1, df2 = _frame("int", seed=2), _frame("int", seed=3)
     store = AggregateState("agg", SPEC, "k", G)
     store.update(df1)
-    first = storage.write_snapshot(str(tmp_path), "data/agg/1.arrow", "aggregate", store.snapshot(range(G)))
+    first = files_io.write_snapshot(str(tmp_path), "data/agg/1.arrow", "aggregate", store.snapshot(range(G)))
     changed = list(range(0, G, 2))                        # then only the even groups change
     df2 = _in_groups(df2, changed)
     store.update(df2)
-    second = storage.write_snapshot(str(tmp_path), "data/agg/2.arrow", "aggregate", store.snapshot(changed))
+    second = files_io.write_snapshot(str(tmp_path), "data/agg/2.arrow", "aggregate", store.snapshot(changed))
     manifest = _manifest("agg", first, second)
     files = {loc[0] for loc in manifest["operators"]["agg"]["groups"].values()}
     assert files == {"data/agg/1.arrow", "data/agg/2.arrow"}
-    storage.write_manifest(str(tmp_path), "chk-000002", manifest)
+    manifest_io.write_manifest(str(tmp_path), "chk-000002", manifest)
 
-    manifest, base = storage.read_manifest(str(tmp_path / "chk-000002"))
+    manifest, base = manifest_io.read_manifest(str(tmp_path / "chk-000002"))
     assert base == str(tmp_path)
     fresh = AggregateState("agg", SPEC, "k", G)
-    fresh.install(storage.read_groups(base, manifest, "agg", "aggregate", range(G)))
+    fresh.install(files_io.read_groups(base, manifest, "agg", "aggregate", range(G)))
     pd.testing.assert_frame_equal(_sorted(fresh.frame()), _sorted(store.frame()))
     pd.testing.assert_frame_equal(_sorted(fresh.frame()), _sorted(_agg_truth(pd.concat([df1, df2]))),
                                   check_dtype=False, check_exact=False, check_names=False)
 
     os.remove(tmp_path / "data" / "agg" / "1.arrow")      # the even groups need the second file only
-    blob = storage.read_groups(base, manifest, "agg", "aggregate", changed)
+    blob = files_io.read_groups(base, manifest, "agg", "aggregate", changed)
     assert _groups_of_blob(blob) <= set(changed)
     with pytest.raises(CheckpointError, match="1.arrow"):
-        storage.read_groups(base, manifest, "agg", "aggregate", [1])
+        files_io.read_groups(base, manifest, "agg", "aggregate", [1])
 
 
 # -- manifests and errors --------------------------------------------------------------------
 
 def test_read_manifest_takes_the_highest_complete_checkpoint(tmp_path):
     for i in (3, 12, 7):
-        storage.write_manifest(str(tmp_path), f"chk-{i:06d}", {"format": 1, "base": "..", "files": {},
-                                                               "operators": {}, "id": i})
+        manifest_io.write_manifest(str(tmp_path), f"chk-{i:06d}", {"format": 1, "base": "..", "files": {},
+                                   "operators": {}, "id": i})
     (tmp_path / "chk-000013").mkdir()                     # partial: no manifest
-    path = storage.write_manifest(str(tmp_path), "chk-000001", {"format": 1, "files": {}, "operators": {}})
-    assert path == str(tmp_path / "chk-000001" / "_manifest.json")
+    path = manifest_io.write_manifest(str(tmp_path), "chk-000001", {"format": 1, "files": {}, "operators": {}})
+    assert path == str(tmp_path / "chk-000001" / "manifest_io.json")
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
-    assert storage.checkpoint_ids(str(tmp_path)) == [1, 3, 7, 12]
-    manifest, base = storage.read_manifest(str(tmp_path))
+    assert manifest_io.checkpoint_ids(str(tmp_path)) == [1, 3, 7, 12]
+    manifest, base = manifest_io.read_manifest(str(tmp_path))
     assert manifest["id"] == 12 and base == str(tmp_path)
     with pytest.raises(CheckpointError, match="chk-000013.*partial"):
-        storage.read_manifest(str(tmp_path / "chk-000013"))
+        manifest_io.read_manifest(str(tmp_path / "chk-000013"))
 
 
 def test_read_manifest_resolves_a_relative_path(tmp_path, monkeypatch):
-    storage.write_manifest(str(tmp_path), "chk-000004", {"format": 1, "base": "..", "files": {}, "operators": {}})
+    manifest_io.write_manifest(str(tmp_path), "chk-000004", {"format": 1, "base": "..", "files": {}, "operators": {}})
     monkeypatch.chdir(tmp_path)
-    _, base = storage.read_manifest("chk-000004")
+    _, base = manifest_io.read_manifest("chk-000004")
     assert base == str(tmp_path)
 
 
@@ -285,37 +286,37 @@ def test_fsspec_urls(tmp_path):
     root = f"memory://streamlb-test-{uuid.uuid4().hex}"
     store = AggregateState("agg", SPEC, "k", G)
     store.update(_frame("int", n=500))
-    storage.check_writable(root)
-    w = storage.write_snapshot(root, "data/agg/a.arrow", "aggregate", store.snapshot(range(G)))
-    storage.write_manifest(root, "chk-000001", _manifest("agg", w))
-    manifest, base = storage.read_manifest(root + "/chk-000001")
+    paths_io.check_writable(root)
+    w = files_io.write_snapshot(root, "data/agg/a.arrow", "aggregate", store.snapshot(range(G)))
+    manifest_io.write_manifest(root, "chk-000001", _manifest("agg", w))
+    manifest, base = manifest_io.read_manifest(root + "/chk-000001")
     assert base == root
-    storage.verify(base, manifest)
+    manifest_io.verify(base, manifest)
     fresh = AggregateState("agg", SPEC, "k", G)
-    fresh.install(storage.read_groups(base, manifest, "agg", "aggregate", range(G)))
+    fresh.install(files_io.read_groups(base, manifest, "agg", "aggregate", range(G)))
     pd.testing.assert_frame_equal(_sorted(fresh.frame()), _sorted(store.frame()))
-    assert storage.retain(root, 1) == []
+    assert retention_io.retain(root, 1) == []
 
 
 def test_read_manifest_errors_name_the_path(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist") as err:
-        storage.read_manifest(str(tmp_path / "missing"))
+        manifest_io.read_manifest(str(tmp_path / "missing"))
     assert "missing" in str(err.value)
     with pytest.raises(CheckpointError, match="no complete checkpoint under") as err:
-        storage.read_manifest(str(tmp_path))
+        manifest_io.read_manifest(str(tmp_path))
     assert str(tmp_path) in str(err.value) and "partial" in str(err.value)
 
     (tmp_path / "chk-000001").mkdir()
-    (tmp_path / "chk-000001" / "_manifest.json").write_text('{"format": 1, "files": ')
+    (tmp_path / "chk-000001" / "manifest_io.json").write_text('{"format": 1, "files": ')
     with pytest.raises(CheckpointError, match="not valid JSON") as err:
-        storage.read_manifest(str(tmp_path))
-    assert "chk-000001/_manifest.json" in str(err.value)
+        manifest_io.read_manifest(str(tmp_path))
+    assert "chk-000001/manifest_io.json" in str(err.value)
 
     (tmp_path / "chk-000002").mkdir()
-    (tmp_path / "chk-000002" / "_manifest.json").write_text(json.dumps({"format": 1, "files": {}}))
+    (tmp_path / "chk-000002" / "manifest_io.json").write_text(json.dumps({"format": 1, "files": {}}))
     with pytest.raises(CheckpointError, match="'operators'") as err:
-        storage.read_manifest(str(tmp_path))
-    assert "chk-000002/_manifest.json" in str(err.value)
+        manifest_io.read_manifest(str(tmp_path))
+    assert "chk-000002/manifest_io.json" in str(err.value)
 
 
 @pytest.fixture
@@ -323,21 +324,21 @@ def written(tmp_path):
     """A checkpoint of two snapshot files; returns (base, manifest)."""
     store = AggregateState("agg", SPEC, "k", G)
     store.update(_frame("int", n=1000))
-    a = storage.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", store.snapshot(range(32)))
-    b = storage.write_snapshot(str(tmp_path), "data/agg/b.arrow", "aggregate", store.snapshot(range(32, G)))
-    storage.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", a, b))
-    return storage.read_manifest(str(tmp_path))[::-1]
+    a = files_io.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", store.snapshot(range(32)))
+    b = files_io.write_snapshot(str(tmp_path), "data/agg/b.arrow", "aggregate", store.snapshot(range(32, G)))
+    manifest_io.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", a, b))
+    return manifest_io.read_manifest(str(tmp_path))[::-1]
 
 
 def test_verify_passes_an_intact_checkpoint(written):
-    storage.verify(*written)
+    manifest_io.verify(*written)
 
 
 def test_verify_finds_a_missing_file(written):
     base, manifest = written
     os.remove(os.path.join(base, "data", "agg", "b.arrow"))
     with pytest.raises(CheckpointError, match="data/agg/b.arrow is missing"):
-        storage.verify(base, manifest)
+        manifest_io.verify(base, manifest)
 
 
 def test_verify_finds_a_truncated_file(written):
@@ -346,9 +347,9 @@ def test_verify_finds_a_truncated_file(written):
     with open(path, "r+b") as fh:
         fh.truncate(os.path.getsize(path) - 10)
     with pytest.raises(CheckpointError, match="data/agg/a.arrow has .* bytes"):
-        storage.verify(base, manifest)
+        manifest_io.verify(base, manifest)
     with pytest.raises(CheckpointError, match="data/agg/a.arrow"):
-        storage.read_groups(base, manifest, "agg", "aggregate", range(G))
+        files_io.read_groups(base, manifest, "agg", "aggregate", range(G))
 
 
 def test_verify_finds_a_flipped_byte(written):
@@ -360,17 +361,17 @@ def test_verify_finds_a_flipped_byte(written):
         fh.seek(-1, os.SEEK_CUR)
         fh.write(bytes([byte[0] ^ 0x01]))
     with pytest.raises(CheckpointError, match="data/agg/b.arrow fails its checksum"):
-        storage.verify(base, manifest)
+        manifest_io.verify(base, manifest)
     with pytest.raises(CheckpointError, match="data/agg/b.arrow fails its checksum"):
-        storage.read_groups(base, manifest, "agg", "aggregate", [40])
-    storage.read_groups(base, manifest, "agg", "aggregate", range(32))   # a.arrow alone is fine
+        files_io.read_groups(base, manifest, "agg", "aggregate", [40])
+    files_io.read_groups(base, manifest, "agg", "aggregate", range(32))   # a.arrow alone is fine
 
 
 # -- writable --------------------------------------------------------------------------------
 
 def test_check_writable_creates_the_directory(tmp_path):
     target = tmp_path / "a" / "b"
-    storage.check_writable(str(target))
+    paths_io.check_writable(str(target))
     assert target.is_dir() and not list(target.iterdir())
 
 
@@ -385,7 +386,7 @@ def test_check_writable_fails_with_a_clear_message(tmp_path):
         target = tmp_path / "plain" / "chk"
     try:
         with pytest.raises(CheckpointError, match="is not writable") as err:
-            storage.check_writable(str(target))
+            paths_io.check_writable(str(target))
     finally:
         if os.geteuid() != 0:
             (tmp_path / "locked").chmod(0o700)
@@ -410,38 +411,38 @@ def test_retain_keeps_the_newest_and_the_files_they_reference(tmp_path):
         _age(data / f"own-{i}.arrow", 1000 - 100 * i)
         files = {"data/op/shared.arrow": {}, f"data/op/own-{i}.arrow": {}}
         groups = {"0": ["data/op/shared.arrow", 0, 1], "1": [f"data/op/own-{i}.arrow", 0, 1]}
-        path = storage.write_manifest(root, f"chk-{i:06d}", {"format": 1, "base": "..", "files": files,
-                                                             "operators": {"op": {"groups": groups}}})
+        path = manifest_io.write_manifest(root, f"chk-{i:06d}", {"format": 1, "base": "..", "files": files,
+                                          "operators": {"op": {"groups": groups}}})
         _age(path, 1000 - 100 * i - 1)
     (data / "orphan.arrow").write_bytes(b"o")             # of a failed checkpoint
     _age(data / "orphan.arrow", 800)
     (tmp_path / "chk-000002x").mkdir()                    # not a checkpoint dir: left alone
     (tmp_path / "chk-000003" / "extra").write_text("")
-    (tmp_path / "chk-000004" / "_manifest.json.tmp-dead").write_text("")
-    os.rename(tmp_path / "chk-000004" / "_manifest.json", tmp_path / "chk-000004" / "_gone")  # 4: partial
+    (tmp_path / "chk-000004" / "manifest_io.json.tmp-dead").write_text("")
+    os.rename(tmp_path / "chk-000004" / "manifest_io.json", tmp_path / "chk-000004" / "_gone")  # 4: partial
     (tmp_path / "chk-000006").mkdir()                     # in progress: newer than the newest
     (data / "own-6.arrow").write_bytes(b"y")              # ... and its file, just written
 
-    removed = storage.retain(root, 2)
+    removed = retention_io.retain(root, 2)
 
-    assert storage.checkpoint_ids(root) == [3, 5]
+    assert manifest_io.checkpoint_ids(root) == [3, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chk-000002x", "chk-000003", "chk-000005",
                                                           "chk-000006", "data"]
     assert sorted(p.name for p in data.iterdir()) == ["own-3.arrow", "own-5.arrow", "own-6.arrow",
                                                       "shared.arrow"]
     assert str(data / "orphan.arrow") in removed and str(data / "own-1.arrow") in removed
-    assert str(tmp_path / "chk-000001" / "_manifest.json") in removed
+    assert str(tmp_path / "chk-000001" / "manifest_io.json") in removed
     assert str(tmp_path / "chk-000004") in removed
-    assert storage.retain(root, 2) == []                  # nothing more to do; no error
+    assert retention_io.retain(root, 2) == []                  # nothing more to do; no error
     with pytest.raises(ValueError):
-        storage.retain(root, 0)
+        retention_io.retain(root, 0)
 
 
 def test_retain_without_checkpoints_removes_nothing(tmp_path):
     (tmp_path / "data" / "op").mkdir(parents=True)
     (tmp_path / "data" / "op" / "f.arrow").write_bytes(b"x")
-    assert storage.retain(str(tmp_path), 3) == []
-    assert storage.retain(str(tmp_path / "missing"), 3) == []
+    assert retention_io.retain(str(tmp_path), 3) == []
+    assert retention_io.retain(str(tmp_path / "missing"), 3) == []
     assert (tmp_path / "data" / "op" / "f.arrow").exists()
 
 
@@ -451,8 +452,8 @@ def test_column_names_that_are_not_strings_survive_a_file(tmp_path):
             "parts": [{"keys": np.array([5, 6]), "key_groups": np.array([1, 0]),
                        "tables": {("sum", 1): np.array([3, 4]), ("sum", "1"): np.array([0.5, 0.25]),
                                   ("min", ("a", 2)): np.array([-1.0, 2.0])}}]}
-    w = storage.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", blob)
-    back = storage.read_groups(str(tmp_path), _manifest("agg", w), "agg", "aggregate", [0, 1])
+    w = files_io.write_snapshot(str(tmp_path), "data/agg/a.arrow", "aggregate", blob)
+    back = files_io.read_groups(str(tmp_path), _manifest("agg", w), "agg", "aggregate", [0, 1])
     assert back["dtypes"] == blob["dtypes"]
     (part,) = back["parts"]
     assert part["keys"].tolist() == [6, 5]
@@ -465,25 +466,25 @@ def test_compressed_snapshots_read_back_exactly(tmp_path, compression):
     df = _frame("int")
     store = AggregateState("agg", SPEC, "k", G)
     store.update(df)
-    plain = storage.write_snapshot(str(tmp_path), "data/agg/p.arrow", "aggregate", store.snapshot(range(G)))
+    plain = files_io.write_snapshot(str(tmp_path), "data/agg/p.arrow", "aggregate", store.snapshot(range(G)))
     store = AggregateState("agg", SPEC, "k", G)        # a fresh store: its pool is free
     store.update(df)
-    packed = storage.write_snapshot(str(tmp_path), "data/agg/c.arrow", "aggregate", store.snapshot(range(G)),
-                                    compression=compression)
+    packed = files_io.write_snapshot(str(tmp_path), "data/agg/c.arrow", "aggregate", store.snapshot(range(G)),
+                                     compression=compression)
     if compression != "none":
         assert packed["bytes"] < plain["bytes"]
-    storage.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", packed))
-    manifest, base = storage.read_manifest(str(tmp_path))
-    storage.verify(base, manifest)
+    manifest_io.write_manifest(str(tmp_path), "chk-000001", _manifest("agg", packed))
+    manifest, base = manifest_io.read_manifest(str(tmp_path))
+    manifest_io.verify(base, manifest)
     fresh = AggregateState("agg", SPEC, "k", G)
-    fresh.install(storage.read_groups(base, manifest, "agg", "aggregate", range(G)))
+    fresh.install(files_io.read_groups(base, manifest, "agg", "aggregate", range(G)))
     pd.testing.assert_frame_equal(_sorted(fresh.frame()), _sorted(store.frame()))
 
 
 def test_an_unknown_compression_is_refused_by_name():
     with pytest.raises(ValueError, match=r"streamlb.checkpoint.compression is 'gzip'; valid values: none, lz4, zstd"):
-        storage.check_compression("gzip")
-    assert storage.check_compression(None) is None and storage.check_compression("NONE") is None
+        files_io.check_compression("gzip")
+    assert files_io.check_compression(None) is None and files_io.check_compression("NONE") is None
 
 
 def test_pooled_snapshot_arrays_are_lent_until_released():
@@ -511,7 +512,7 @@ def test_pooled_snapshot_arrays_are_lent_until_released():
 def test_a_bad_compression_setting_fails_the_run_by_name(tmp_path):
     import dask
 
-    from streamlb._checkpoint._coordinator import Checkpointer
+    from streamlb._recovery._coordinator import Checkpointer
 
     with dask.config.set({"streamlb.checkpoint.compression": "gzip"}):
         with pytest.raises(ValueError, match="streamlb.checkpoint.compression is 'gzip'"):

@@ -98,7 +98,7 @@ def test_coalesce_makes_one_batch_whose_future_sets_every_parts():
 
 
 def test_combined_rows_an_aligning_instance_and_full_batches_go_alone():
-    from streamlb._worker._combine import RECORDS
+    from streamlb._state._partials import RECORDS
 
     def alone(inst, first):
         got = coalesce(inst, 0, first, None)[1]

@@ -11,7 +11,8 @@ from streamz import Stream
 
 import streamlb
 from streamlb._state._aggregate import AggregateState
-from streamlb._worker._combine import RECORDS, Combiner, blob_of, combined, records_of, tables_for
+from streamlb._state._partials import RECORDS, blob_of, records_of
+from streamlb._worker._combine import Combiner, combined, tables_for
 from streamlb.keygroups import assign_to_key_group
 
 from test_migration import _count_hashed_rows
@@ -129,7 +130,7 @@ def test_a_full_speed_parquet_source_takes_batches_within_a_row_cap_and_a_byte_b
     take fewer); paced or chosen batches as before; a bad setting named."""
     import dask
 
-    from streamlb._plan_checks import bytes_per_row
+    from streamlb.planner._checks import bytes_per_row
     from streamlb.exceptions import PipelineError
     from streamlb.planner import pace_batches, plan
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from streamlb import datasets
+from streamlb.datasets import _zipf
 
 pytestmark = pytest.mark.spark
 
@@ -52,7 +53,7 @@ def test_zipf_is_deterministic_by_seed(spark, tmp_path):
     assert not read(tmp_path / "a").key.equals(read(tmp_path / "c").key)
     assert a["rows"] == b["rows"] == c["rows"] == 5000
     assert json.load(open(tmp_path / "a" / "_manifest.json"))["params"]["seed"] == 3
-    keys = datasets.zipf_keys(np.arange(5000), 100, 1.0, None, 3)
+    keys = _zipf.zipf_keys(np.arange(5000), 100, 1.0, None, 3)
     np.testing.assert_array_equal(np.sort(keys), np.sort(read(tmp_path / "a").key.to_numpy()))
 
 

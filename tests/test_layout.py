@@ -6,7 +6,7 @@ An import counts wherever it is written (inside a function too), except under ``
 TYPE_CHECKING:``, which never runs. Importing ``a.b.c`` also runs the packages ``a.b``'s
 ``__init__`` (unless the importer is inside it): a package that imported its submodules would
 close a cycle through them, as ``streamlb._worker`` once did (importing
-``streamlb._migration._owner`` first failed)."""
+``streamlb._worker._owner`` first failed)."""
 from __future__ import annotations
 
 import ast
@@ -114,7 +114,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle_inside_streamlb():
     edges = _imports()
-    assert "streamlb._migration._owner" in edges and edges["streamlb.nodes"]   # the walk found the modules
+    assert "streamlb._worker._owner" in edges and edges["streamlb.nodes"]   # the walk found the modules
     cycles = _cycles(edges)
     assert not cycles, "\n".join(" -> ".join(f"{m} (imports {sorted(edges[m] & set(c))})" for m in c)
                                  for c in cycles)

@@ -10,7 +10,7 @@ import pytest
 from streamz import Stream
 
 import streamlb
-from streamlb._skew import first_tables
+from streamlb.planner._skew import first_tables
 from streamlb.keygroups import assign_to_key_group
 from streamlb.planner import plan
 from streamlb.routing import RoutingTable

@@ -1,8 +1,8 @@
 """A job's checkpoints from the driver: savepoints, the record of checkpoints, and the
 last commit when the job finishes.
 
-:class:`Checkpoints` builds the job's periodic :class:`~streamlb._checkpoint._coordinator.Checkpointer`
-and its :class:`~streamlb._checkpoint._recovery.Recovery` from lost workers when the job
+:class:`Checkpoints` builds the job's periodic :class:`~streamlb._recovery._coordinator.Checkpointer`
+and its :class:`~streamlb._recovery._recovery.Recovery` from lost workers when the job
 runs with ``checkpoint=``; takes savepoints (with that checkpointer, or one made for
 savepoints when the job has none); lists what completed; and, once every instance is done,
 commits the outputs staged since the last checkpoint. The protocol itself is
@@ -22,8 +22,8 @@ class Checkpoints:
     """The checkpoints and savepoints of ``job``, run with ``options``."""
 
     def __init__(self, job, options: RunOptions) -> None:
-        from .._checkpoint._coordinator import Checkpointer
-        from .._checkpoint._recovery import Recovery
+        from .._recovery._coordinator import Checkpointer
+        from .._recovery._recovery import Recovery
 
         self.job = job
         self.checkpointer = None
@@ -35,7 +35,7 @@ class Checkpoints:
 
     def savepoint(self, path: str) -> str:
         """See :meth:`streamlb.Job.savepoint`."""
-        from .._checkpoint._coordinator import Checkpointer
+        from .._recovery._coordinator import Checkpointer
         from .._checkpoint._paths import check_writable, resolve
 
         job = self.job
@@ -52,7 +52,7 @@ class Checkpoints:
 
     def checkpoints(self) -> pd.DataFrame:
         """See :meth:`streamlb.Job.checkpoints`."""
-        from .._checkpoint._coordinator import CHECKPOINT_COLUMNS
+        from .._recovery._coordinator import CHECKPOINT_COLUMNS
 
         rows = []
         for c in {id(c): c for c in (self.checkpointer, self._savepoints) if c is not None}.values():

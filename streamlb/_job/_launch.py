@@ -2,8 +2,7 @@
 
 :func:`connected` reaches the cluster (an embedded ``LocalCluster``, a scheduler's address
 or the caller's client) and closes what it started if the job does not start;
-:func:`plan_on` plans the graph on the cluster's workers and checks what needs the plan (a
-restored checkpoint fits it, the operators ``autoscale`` names exist);
+planning is :mod:`streamlb.planner._on_cluster`'s (the user API's layer);
 :func:`start_autoscaling` starts the autoscaler of a job that asked for one.
 """
 from __future__ import annotations
@@ -14,10 +13,10 @@ import os
 import signal
 import threading
 
-from ..exceptions import SchedulerUnreachableError, StreamlbError
+from ..exceptions import SchedulerUnreachableError
 from ._options import RunOptions
 
-__all__ = ["check_graph", "connected", "plan_on", "start_autoscaling", "workers_ignore_ctrl_c"]
+__all__ = ["connected", "start_autoscaling", "workers_ignore_ctrl_c"]
 
 logger = logging.getLogger("streamlb.checkpoint")
 
@@ -100,56 +99,6 @@ def connected(options: RunOptions, client=None):
         if cluster is not None:
             cluster.close()
         raise
-
-
-def _checked_plan(node, options: RunOptions, workers: int):
-    """``(plan, autoscale ranges)`` of the graph of ``node`` on ``workers`` workers: every
-    planner check (paths, Parquet schemas and columns, event time, supported nodes, unique
-    names, user functions pickled), a restored checkpoint checked against it."""
-    from ..planner import plan
-
-    p = plan(node, workers=workers, key_groups=options.key_groups, batch_size=options.batch_size,
-             parallelism=options.parallelism)
-    if options.restored is not None:
-        from .._checkpoint._restore import check_compatible
-
-        check_compatible(options.restored, p, options.key_groups, options.restore or options.checkpoint,
-                         resumed=options.resumed)
-    ranges = options.autoscale_ranges(p.stages) if options.scaling is not None else {}
-    return p, ranges
-
-
-def check_graph(node, options: RunOptions) -> None:
-    """Raise what planning ``node``'s graph raises, before any cluster is started or reached.
-
-    The graph is planned on a nominal worker count (``n_workers``, else what an embedded
-    cluster would start): no check depends on how many workers there are, only the
-    parallelism of the plan does, and :func:`plan_on` plans again on the real workers.
-    Warnings of planning are left to that real plan, so each shows once.
-    """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _checked_plan(node, options, _local_workers(options))
-
-
-def plan_on(client, node, options: RunOptions):
-    """``(workers, plan, autoscale ranges)``: the graph of ``node`` planned on the
-    cluster's workers, a restored checkpoint checked against it."""
-    from .._placement import cluster_workers
-    from ..planner import pace_batches
-
-    workers = sorted(cluster_workers(client))
-    if not workers:
-        raise StreamlbError(f"the cluster at {client.scheduler.address} has no workers")
-    p, ranges = _checked_plan(node, options, len(workers))
-    if options.resumed:
-        logger.info("checkpoint=%r holds complete checkpoints: resuming from the latest, checkpoint %s "
-                    "(restore= starts from another)", options.checkpoint, options.restored[0].get("id"))
-    options.stamp_state(p.stages)
-    pace_batches(p, options.window, given=options.batch_size_given)
-    return workers, p, ranges
 
 
 def start_autoscaling(job, options: RunOptions, ranges: dict[str, tuple[int, int]]) -> None:

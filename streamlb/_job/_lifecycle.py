@@ -129,7 +129,7 @@ class Lifecycle:
             for f in [a.checkpointing(cp.url, cp.compression) for a in job.actors.values()]:
                 f.result()
         if restored is not None:
-            from .._checkpoint._restore import install_state
+            from .._recovery._restore import install_state
 
             install_state(job, *restored)
 
@@ -140,7 +140,7 @@ class Lifecycle:
 
         resume = None
         if restored is not None:
-            from .._checkpoint._restore import source_positions
+            from .._recovery._restore import source_positions
 
             resume = source_positions(restored[0], self.job.plan.stages, fresh_clock)
         _placement.start(self.job.actors, self.job.plan.stages, resume)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import config
 from ..exceptions import JobReleasedError, PipelineError, StreamlbError
-from ..planner import KEYED_KINDS, Stage
+from .._plan._model import KEYED_KINDS, Stage
 
 logger = logging.getLogger("streamlb.job")
 

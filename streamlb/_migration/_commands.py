@@ -31,7 +31,7 @@ from ..exceptions import CommandError, MigrationError
 from ..keygroups import check_key_groups
 from ._control import JobControl, OperatorControl, table_from_state
 from ._epochs import STRATEGIES
-from ._split import key_group_of
+from ..keygroups import key_group_of
 
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = 80

@@ -25,8 +25,8 @@ from ..exceptions import MigrationError
 from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, all_idle, check_settled, forget, gather, until, wait_done
-from ._moves import budget_chunks
-from ._split import key_group_of
+from .._worker._moves import budget_chunks
+from ..keygroups import key_group_of
 
 logger = logging.getLogger("streamlb.migration")
 

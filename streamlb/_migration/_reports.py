@@ -11,7 +11,7 @@ from .. import latency as _latency
 from ..balancer import LoadReport, Move, Split
 from ..exceptions import PipelineError
 from ._control import OperatorControl
-from ._split import key_group_of
+from ..keygroups import key_group_of
 
 TRACE_HOT_KEYS = 64         # hottest keys kept per window in the load trace
 

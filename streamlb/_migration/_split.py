@@ -5,23 +5,13 @@ import asyncio
 import logging
 import time
 
-import numpy as np
-
 from ..exceptions import MigrationError
-from ..keygroups import assign_to_key_group
+from ..keygroups import key_group_of
 from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, check_settled, forget, gather, wait_done
 
 logger = logging.getLogger("streamlb.migration")
-
-
-def key_group_of(key, key_groups: int, operator: str = "") -> int:
-    """Key group of one key; a key the hash cannot take is a MigrationError naming it."""
-    try:
-        return int(assign_to_key_group(np.asarray([key]), key_groups)[0])
-    except Exception as exc:
-        raise MigrationError(f"operator {operator!r}: key {key!r} cannot be split: {exc}") from None
 
 
 async def split(ctl: JobControl, call: Call, operator: str, changes: dict, *, timeout: float) -> RoutingTable:

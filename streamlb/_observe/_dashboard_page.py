@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import latency as _latency
-from .._migration._split import key_group_of
+from ..keygroups import key_group_of
 
 SHOWN_WINDOWS = 600         # windows on the time axes: 10 minutes at the default 1 s window
 MARKS = {"migration": "#d62728", "split": "#ff7f0e", "autoscale": "#2ca02c"}   # colour of each kind's lines

@@ -26,7 +26,7 @@ import numpy as np
 from .. import config
 from .._placement import cluster_workers
 from ..exceptions import MigrationError, ReconfigurationError
-from ..planner import Stage
+from .._plan._model import Stage
 from ..routing import RoutingTable
 from ._plan import spread
 
@@ -220,7 +220,7 @@ class Reconfigurer:
         table = self.job._migrations.routing(st.name)
         leaving = set(leaving)
         for key, helpers in table.splits:
-            from .._migration._split import key_group_of
+            from ..keygroups import key_group_of
 
             home = int(table.owners[key_group_of(key, table.key_groups)])
             if leaving & {home, *helpers}:
@@ -401,8 +401,8 @@ class Reconfigurer:
     # -- update a function ------------------------------------------------------------------------
     def update(self, operator: str, func) -> dict:
         """See :meth:`streamlb.Job.update`."""
-        from .._plan_step import _ship
-        from ._update import check_function, find_function, set_function, step_at
+        from .._plan._step import _ship
+        from .._plan._update import check_function, find_function, set_function, step_at
 
         job = self.job
         st, path, old = find_function(job.plan, operator)

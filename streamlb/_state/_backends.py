@@ -91,7 +91,7 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
         return WindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec, func=stage.func)
     if stage.kind == "join":
         from ._joins import JoinState
-        from .._worker._join_op import Where
+        from .._functions import Where
 
         where = stage.join["where"]
         return JoinState(stage.name, stage.join, key_groups, where=Where(stage.name, where) if where else None)

@@ -42,7 +42,7 @@ class JoinRows(Rows):
         self.key_names, self.suffixes = list(join["key_names"]), tuple(join["suffixes"])
         self.where = join.get("where")
         if self.where is not None:
-            from .._worker._join_op import Where
+            from .._functions import Where
 
             self.where = Where(operator, self.where)
 

@@ -171,7 +171,7 @@ class CheckpointSide:
     async def _write(self, cid: int, blob, ack: dict, fut: asyncio.Future, url: str | None) -> None:
         inst = self.inst
         if blob is not None:
-            from .._checkpoint._storage import write_snapshot
+            from .._checkpoint._files import write_snapshot
 
             rel = file_name(inst.stage.name, inst.index, inst.run, cid)
             try:
@@ -297,7 +297,7 @@ class Checkpointed:
     async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
         """Install the state of key groups ``groups`` from a checkpoint (read off the event
         loop); returns the keys installed."""
-        from .._checkpoint._storage import read_groups
+        from .._checkpoint._files import read_groups
 
         blob = await asyncio.get_running_loop().run_in_executor(
             None, read_groups, base, manifest, self.stage.name, self.stage.kind, groups)

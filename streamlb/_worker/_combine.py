@@ -27,7 +27,7 @@ import pandas as pd
 from .._state._index import factorize_sized, first_rows
 from .._time import nulls, to_ns
 from ..exceptions import SchemaError
-from .._state._partials import PARTIAL, RECORDS, blob_of, records_of  # noqa: F401 (the format is used from here)
+from .._state._partials import PARTIAL, RECORDS
 
 WORTH = 0.5                             # combine when distinct keys / rows is at most this
 PANES = 16                              # into a window: a batch over more panes goes as rows

@@ -4,7 +4,7 @@ The coordinator switches routers to a new table (:meth:`EpochParticipant.set_tab
 owners ahead what an epoch moves (``prepare``, ``arm``, ``abort``, ``forget``), waits for it
 (``wait_epoch``), pauses the sources for the pause-and-resume baseline and checks that
 nothing is left in flight (``idle``). Each call is one step of the instance's
-:class:`~streamlb._migration._owner.OwnerSide` or of a router.
+:class:`~streamlb._worker._owner.OwnerSide` or of a router.
 """
 from __future__ import annotations
 

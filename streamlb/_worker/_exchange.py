@@ -18,14 +18,15 @@ import pandas as pd
 
 from .. import _shuffle
 from .._functions import describe
-from .._migration._prefetch import Prefetch
+from ._prefetch import Prefetch
 from ..exceptions import PipelineError, SchemaError, UserFunctionError
 from ..hotkeys import SpaceSaving
 from ..keygroups import assign_to_key_group
-from ..planner import Step
+from .._plan._step import Step
 from ..routing import RoutingTable
 from ._channels import OutChannel
-from ._combine import RECORDS, Combiner
+from .._state._partials import RECORDS
+from ._combine import Combiner
 from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
 from ._steps import DeadLetters, call_user
 

@@ -18,15 +18,15 @@ import traceback
 
 import pandas as pd
 
-from .._migration._owner import OwnerSide
+from ._owner import OwnerSide
 from .._state._backends import make_store
 from ..exceptions import StreamlbError
-from ..planner import SENDERS, Stage
+from .._plan._model import SENDERS, Stage
 from ..routing import RoutingTable
 from ._align import Aligner
 from ._checkpoint import Checkpointed, CheckpointSide
 from ._coalesce import coalesce
-from ._combine import records_of
+from .._state._partials import records_of
 from ._channels import Inbox, Numbered, OutChannel, Peer
 from ._epochs import ENDED, EpochParticipant
 from ._exchange import KeyedRouter, make_exchange

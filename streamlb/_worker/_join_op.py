@@ -15,33 +15,11 @@ import pandas as pd
 
 from .._state._joins import SIDE
 from .._time import nulls, to_ns
-from ..exceptions import SchemaError, UserFunctionError
-from ..planner import SENDERS
+from ..exceptions import SchemaError
+from .._plan._model import SENDERS
 from ._operators import OnEventTime
 
 SIDES = ("left", "right")
-
-
-class Where:
-    """A join's ``where(joined) -> mask``, checked and named in errors."""
-
-    def __init__(self, operator: str, func) -> None:
-        self.operator, self.func = operator, getattr(func, "func", func)
-
-    def __call__(self, joined: pd.DataFrame) -> np.ndarray:
-        from .._functions import describe
-
-        what = f"join {self.operator!r}: where function {describe(self.func)}"
-        try:
-            mask = np.asarray(self.func(joined))
-        except Exception as exc:
-            raise UserFunctionError(f"{what} raised {type(exc).__name__}: {exc} on {len(joined)} joined rows",
-                                    operator=self.operator, function=describe(self.func)) from exc
-        if mask.shape != (len(joined),) or mask.dtype.kind != "b":
-            raise UserFunctionError(f"{what} returned {mask.dtype} of shape {mask.shape} for {len(joined)} joined "
-                                    "rows; return one boolean per row", operator=self.operator,
-                                    function=describe(self.func))
-        return mask
 
 
 def _without_side(rows: pd.DataFrame) -> pd.DataFrame:

@@ -15,7 +15,7 @@ import pandas as pd
 from .. import _shuffle
 from .._time import MAX_TIME
 from ..exceptions import PipelineError
-from ._combine import RECORDS, blob_of, records_of
+from .._state._partials import RECORDS, blob_of, records_of
 from ._messages import Partial
 
 

@@ -160,7 +160,7 @@ class Reconfigurable:
         self.aligner.when_aligned(epoch, lambda: self._switch_function(epoch))
 
     def _switch_function(self, epoch: int) -> None:
-        from .._reconfig._update import set_function
+        from .._plan._update import set_function
 
         path, func = self.updates.pop(epoch)
         set_function(self.stage, path, func, self.store if path == ("stage",) else None)
@@ -171,7 +171,7 @@ class Reconfigurable:
 
     async def set_function(self, path: tuple, func) -> None:
         """A source: switch now, between two batches."""
-        from .._reconfig._update import set_function
+        from .._plan._update import set_function
 
         set_function(self.stage, path, func, self.store if path == ("stage",) else None)
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
-from ..planner import Step
+from .._plan._step import Step
 from ._sinks import Sinks
 
 # pandas copies a shared column when a step writes into it (always from pandas 3): select

@@ -7,7 +7,7 @@ import collections
 import numpy as np
 
 from .._state import KeySet
-from .._worker._messages import LazyNeed
+from ._messages import LazyNeed
 
 
 class Prefetch:

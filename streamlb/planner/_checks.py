@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import config
-from .exceptions import KeyTypeError, SchemaError
-from ._plan_time import check_event_time as _check_event_time
-from ._sources._directory import accepts
+from .. import config
+from ..exceptions import KeyTypeError, SchemaError
+from ._time import check_event_time as _check_event_time
+from .._sources._directory import accepts
 
 if TYPE_CHECKING:
-    from .planner import Plan
+    from .._plan._model import Plan
 
 
 def _check_columns(plan: Plan) -> None:
@@ -140,7 +140,7 @@ def full_speed_rows(st) -> int:
     rows' batches as small as before."""
     from dask.utils import parse_bytes
 
-    from .exceptions import PipelineError
+    from ..exceptions import PipelineError
 
     cap, budget = config.get("full-speed-batch-size"), config.get("full-speed-batch-bytes")
     try:

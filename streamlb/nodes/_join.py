@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from streamz import Stream
 
-from ._time import duration_ns
-from .exceptions import PipelineError
-from ._node_base import _check_name, _check_parallelism, _Described, _Late
-from ._nodes_key import key_by
+from .._time import duration_ns
+from ..exceptions import PipelineError
+from ._base import _check_name, _check_parallelism, _Described, _Late
+from ._key import key_by
 
 HOWS = ("inner", "left", "right", "outer")
 
@@ -66,7 +66,7 @@ class join(_Late, _Described):
 
     def __init__(self, upstream, other, how="inner", between=None, ttl=None, where=None, suffixes=("_x", "_y"),
                  name=None, parallelism=None, **kwargs):
-        from ._nodes_time import window
+        from ._time import window
 
         what = f"join {name!r}" if name else "join"
         windowed = isinstance(upstream, window)

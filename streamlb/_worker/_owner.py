@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from .._worker._messages import Barrier, Install, InstallKeys, LazyNeed
-from .._worker._heap import give_back
+from ._messages import Barrier, Install, InstallKeys, LazyNeed
+from ._heap import give_back
 from ._moves import EpochMove, Held, budget_chunks, mark_first, unique
 
 

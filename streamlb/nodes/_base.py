@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamz import Stream
 
-from .exceptions import PipelineError
+from ..exceptions import PipelineError
 
 
 def _check_parallelism(parallelism: int | None, what: str) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import config
-from .routing import RoutingTable
+from .. import config
+from ..routing import RoutingTable
 
 FILES = 64              # files read for the sample, at most
 
@@ -43,7 +43,7 @@ def first_tables(stages: list, key_groups: int) -> dict[int, RoutingTable]:
 def sampled_owners(st, by_id: dict, key_groups: int) -> np.ndarray | None:
     """The owners array planned from a sample of ``st``'s keys, or None where it does not
     apply."""
-    from ._placement import combine_for
+    from .._placement import combine_for
 
     budget = int(config.get("exchange.sample-keys") or 0)
     if budget <= 0 or st.parallelism < 2 or len(st.inputs) != 1 or combine_for(st) is not None:
@@ -54,7 +54,7 @@ def sampled_owners(st, by_id: dict, key_groups: int) -> np.ndarray | None:
     key = st.key_of(src.id)
     if not isinstance(key, str) or not any(c.kind == "exchange" and c.target == st.id for c in src.children):
         return None
-    from .keygroups import assign_to_key_group
+    from ..keygroups import assign_to_key_group
 
     try:
         keys = _sample(src.files, key, budget)

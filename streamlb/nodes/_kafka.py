@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from streamz import Sink, Source, Stream
 
-from ._node_base import _check_parallelism
-from .exceptions import PipelineError
+from ._base import _check_parallelism
+from ..exceptions import PipelineError
 
 
 @Stream.register_api(staticmethod)
@@ -53,7 +53,7 @@ class from_kafka_topic(Source):
 
     def __init__(self, topic, consumer_params, decode=None, offsets="committed", until=None, parallelism=None,
                  batch_size=None, **kwargs):
-        from ._sources._kafka import KafkaOptions
+        from .._sources._kafka import KafkaOptions
 
         what = f"from_kafka_topic({topic!r})"
         if not isinstance(topic, str) or not topic:
@@ -76,7 +76,7 @@ class from_kafka_topic(Source):
 
 def plan(planner, n: from_kafka_topic):
     """The stage of a ``from_kafka_topic`` node."""
-    from ._sources._kafka import KafkaOptions
+    from .._sources._kafka import KafkaOptions
 
     return planner.new_stage(
         name=planner.unique_name(None, f"from_kafka_topic({n.topic})"), kind="kafka_source",
@@ -134,7 +134,7 @@ class to_kafka_topic(Sink):
 
 def plan_sink(planner, n: to_kafka_topic, stage):
     """The step of a ``to_kafka_topic`` node (its number in the plan names its producers)."""
-    from ._plan_step import Step, _ship
+    from .._plan._step import Step, _ship
 
     planner.kafka_sinks = getattr(planner, "kafka_sinks", 0) + 1
     encode = _ship(n.encode, stage.name) if callable(n.encode) else n.encode

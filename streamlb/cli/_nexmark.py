@@ -30,7 +30,7 @@ def default_data() -> str:
 def prepared(root: str, events: int, seed: int) -> tuple[str, dict]:
     """``(path, manifest)`` of ``events`` NEXMark events written with ``seed`` under ``root``:
     the tables already there if their manifest says so, else written now with PySpark."""
-    from . import datasets
+    from .. import datasets
 
     path = os.path.join(os.path.abspath(root), f"events-{events}-seed-{seed}")
     try:
@@ -54,7 +54,7 @@ def tables_of(query: str) -> list[str]:
     """
     from streamz import Stream
 
-    from .nexmark import QUERIES
+    from ..nexmark import QUERIES
 
     probe = [Stream() for _ in TABLES]
     QUERIES[query](*probe)
@@ -72,7 +72,7 @@ def build(query: str, path: str, manifest: dict, rate: float | None = None, batc
     """
     from streamz import Stream
 
-    from .nexmark import QUERIES
+    from ..nexmark import QUERIES
 
     rows = {t: manifest["tables"][t]["rows"] for t in TABLES}
     events = sum(rows.values())
@@ -105,9 +105,9 @@ def _throughput(events: int, summary: dict, query: str, workers: int) -> str:
 def _nexmark(args) -> int:
     import streamlb
 
-    from ._cli_args import _latencies
-    from .nexmark._check import differences, result
-    from .nexmark._truth import truth
+    from ._args import _latencies
+    from ..nexmark._check import differences, result
+    from ..nexmark._truth import truth
 
     path, man = prepared(args.data or default_data(), args.events, args.seed)
     node, out = build(args.query, path, man, rate=args.rate, batch_size=args.batch_size)
@@ -156,8 +156,8 @@ def _positive(cast):
 
 def add_parser(sub) -> None:
     """``streamlb nexmark`` on the CLI's subparsers ``sub``."""
-    from ._cli_args import _balancer, _command
-    from .nexmark import QUERIES
+    from ._args import _balancer, _command
+    from ..nexmark import QUERIES
 
     n = _command(sub, "nexmark", "run one NEXMark query on an embedded Dask cluster: throughput, latency, "
                                  "and its output checked exactly against PySpark")

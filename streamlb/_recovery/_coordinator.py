@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import config
 from ..exceptions import CheckpointError
-from ..planner import KEYED_KINDS
+from .._plan._model import KEYED_KINDS
 
 logger = logging.getLogger("streamlb.checkpoint")
 
@@ -68,10 +68,10 @@ class Checkpointer:
     """The checkpoints of one :class:`~streamlb.Job` (``url`` None: savepoints only)."""
 
     def __init__(self, job, url: str | None, interval: float | None = None) -> None:
-        from ._files import check_compression
-        from ._manifest import checkpoint_ids
+        from .._checkpoint._files import check_compression
+        from .._checkpoint._manifest import checkpoint_ids
 
-        from ._paths import _norm
+        from .._checkpoint._paths import _norm
 
         self.job = job
         # absolute on the driver: the instances write there from their own working directory
@@ -129,7 +129,7 @@ class Checkpointer:
     def take(self, target: str | None = None) -> dict | None:
         """Take a checkpoint now (``target``: a savepoint written there, kept, full);
         returns its manifest, or None if it did not complete."""
-        from ._paths import _norm
+        from .._checkpoint._paths import _norm
 
         job = self.job
         keyed = [st.name for st in job.plan.stages if st.id in job.tables]
@@ -144,9 +144,9 @@ class Checkpointer:
                 job._migrations.resume_moves(keyed)
 
     def _take(self, target: str | None) -> dict | None:
-        from ._manifest import write_manifest
-        from ._paths import resolve
-        from ._retention import retain
+        from .._checkpoint._manifest import write_manifest
+        from .._checkpoint._paths import resolve
+        from .._checkpoint._retention import retain
 
         job = self.job
         self.collect_late()

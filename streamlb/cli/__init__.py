@@ -9,11 +9,11 @@ import threading
 import time
 import warnings
 
-from ._cli_args import _balancer, _command, _instances, _latencies
+from ._args import _balancer, _command, _instances, _latencies
 
 
 def _prepare(args) -> int:
-    from . import datasets
+    from .. import datasets
 
     if args.kind == "zipf":
         man = datasets.zipf(args.path, rows=args.rows, keys=args.keys, skew=args.skew,
@@ -35,7 +35,7 @@ def _demo_input(args):
     """The demo's dataset (prepared with PySpark if absent) and its pandas ground truth."""
     import pandas as pd
 
-    from . import datasets
+    from .. import datasets
 
     path = args.data
     if not os.path.exists(os.path.join(path, "_manifest.json")):
@@ -67,7 +67,7 @@ def _demo(args) -> int:
     from streamz import Stream
 
     import streamlb
-    from ._placement import cluster_workers
+    from .._placement import cluster_workers
 
     if args.rescale:
         return _demo_rescale(args)
@@ -121,7 +121,7 @@ def _demo(args) -> int:
 def _plot(results: dict, path: str):
     import pandas as pd
 
-    from ._plot import figure, save
+    from .._plot import figure, save
 
     fig = figure(figsize=(10, 3.2 * len(results)))
     axes = fig.subplots(len(results), 1, sharex=False, squeeze=False)
@@ -150,7 +150,7 @@ def _demo_rescale(args) -> int:
     from streamz import Stream
 
     import streamlb
-    from ._placement import cluster_workers
+    from .._placement import cluster_workers
 
     n_from, n_to = args.rescale
     path, man, truth = _demo_input(args)
@@ -216,8 +216,8 @@ def _plot_rescale(load, rs: dict, switched: float, moved: int, path: str):
     line below; the rescale marked from the request until ``rescale`` returned."""
     import pandas as pd
 
-    from ._plot import colours as colour_map
-    from ._plot import figure, save
+    from .._plot import colours as colour_map
+    from .._plot import figure, save
 
     t0 = load.index.min()
     secs = (load.index - t0).total_seconds()
@@ -253,7 +253,7 @@ def _plot_rescale(load, rs: dict, switched: float, moved: int, path: str):
 
 
 def _simulate(args) -> int:
-    from .simulator import Trace, plot, simulate, summarize, zipf_trace
+    from ..simulator import Trace, plot, simulate, summarize, zipf_trace
 
     if args.trace:
         if not os.path.exists(args.trace):
@@ -285,8 +285,8 @@ EPILOG = "Run 'streamlb COMMAND --help' for a command's options; docs/cli.md des
 
 def parser() -> argparse.ArgumentParser:
     """The ``streamlb`` command's parser, every command on it."""
-    from . import __version__
-    from ._migration._epochs import STRATEGIES
+    from .. import __version__
+    from .._migration._epochs import STRATEGIES
 
     p = argparse.ArgumentParser(prog="streamlb", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"streamlb {__version__}")
@@ -358,7 +358,7 @@ def parser() -> argparse.ArgumentParser:
                     help="PNG of imbalance over time (default streamlb-data/simulate.png)")
     sm.set_defaults(func=_simulate)
 
-    from ._cli_nexmark import add_parser as add_nexmark
+    from ._nexmark import add_parser as add_nexmark
 
     add_nexmark(sub)
     return p

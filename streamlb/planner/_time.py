@@ -1,7 +1,7 @@
 """Planning event time: which column each window, join and process stage reads, and checks of it."""
 from __future__ import annotations
 
-from .exceptions import PipelineError, SchemaError
+from ..exceptions import PipelineError, SchemaError
 
 
 def _sources(by_id, st) -> list:

@@ -10,13 +10,13 @@ move and are checkpointed together. An input slot's senders have ids
 """
 from __future__ import annotations
 
-from .exceptions import PipelineError
+from ..exceptions import PipelineError
 
 
 def another_input(p, st, stage, side: int | None = None):
     """Stage ``stage`` feeds the already planned ``st`` too (through a union, or as the
     other side of a join): one more input slot, unless it is one already."""
-    from ._plan_step import Step
+    from .._plan._step import Step
 
     if stage.id in st.inputs:
         have = st.sides[st.inputs.index(stage.id)] if st.sides else None
@@ -39,8 +39,8 @@ def _side(op, kb, window) -> int:
 def joined(p, kb, op, stage):
     """The exchange from ``stage`` into join ``op`` (a window join when its left input is a
     window, whichever side the planner reaches it from first)."""
-    from ._nodes_time import window as window_node
-    from ._plan_step import Step, _ship
+    from ..nodes._time import window as window_node
+    from .._plan._step import Step, _ship
 
     window = op.upstreams[0] if isinstance(op.upstreams[0], window_node) else None
     side = _side(op, kb, window)
@@ -70,7 +70,7 @@ def joined(p, kb, op, stage):
 
 
 def _set_key(st, side: int, kb, p) -> None:
-    from ._plan_step import _ship
+    from .._plan._step import _ship
 
     if st.keys[side] is None:
         st.keys[side] = _ship(kb.key, st.name) if callable(kb.key) else kb.key

@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 
 from ..exceptions import ReconfigurationError
-from ..planner import Plan, Stage, Step
+from ._model import Plan, Stage
+from ._step import Step
 
 STEP_KINDS = ("map", "starmap", "filter")
 

@@ -11,7 +11,7 @@ import threading
 import pandas as pd
 
 from ._zipf import _BLOCK
-from .exceptions import InputPathError
+from ..exceptions import InputPathError
 
 _BASE_TIME = pd.Timestamp("2026-01-01T00:00:00")
 _STEP_US = 1000                  # one record per millisecond of event time
@@ -96,7 +96,7 @@ def _files(out: str) -> list[dict]:
     """Each Parquet file below ``out``: its ``path`` relative to ``out`` and its ``rows``."""
     import pyarrow.parquet as pq
 
-    from .planner import parquet_files
+    from ..planner import parquet_files
 
     try:
         found = parquet_files(out)

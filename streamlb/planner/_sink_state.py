@@ -14,8 +14,8 @@ import sys
 import types
 import warnings
 
-from ._functions import describe
-from .exceptions import StreamlbWarning
+from .._functions import describe
+from ..exceptions import StreamlbWarning
 
 __all__ = ["warn_driver_state"]
 

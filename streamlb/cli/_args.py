@@ -12,7 +12,7 @@ def _latencies(ops) -> dict:
     percentile of per-window percentiles); NaN where none was applied."""
     import numpy as np
 
-    from . import latency
+    from .. import latency
 
     hists = ops.latency_hist.to_list()
     total = np.sum(np.stack(hists), axis=0) if hists else np.zeros(latency.BINS, np.int64)
@@ -42,7 +42,7 @@ def _instances(text: str) -> tuple[int, int]:
 
 def _balancer(name: str) -> str:
     """A balancer registered under ``streamlb.balancers`` (built-in or installed)."""
-    from .balancer import available_balancers
+    from ..balancer import available_balancers
 
     names = available_balancers()
     if name not in names:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from streamz import Stream
 
-from ._node_base import _Described
-from .exceptions import PipelineError
+from ._base import _Described
+from ..exceptions import PipelineError
 
 
 @Stream.register_api()

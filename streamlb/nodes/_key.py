@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from streamz import Stream
 
-from ._node_base import _check_name, _Described
-from .exceptions import PipelineError
+from ._base import _check_name, _Described
+from ..exceptions import PipelineError
 
 
 @Stream.register_api()

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 from streamz import Sink, Source, Stream
 
-from ._functions import describe  # noqa: F401  (streamlb.nodes.describe, as before)
-from ._node_base import (_check_cost, _check_name, _check_parallelism, _Described, _keep_alive,  # noqa: F401
-                         _Late, late_records)
-from .exceptions import PipelineError
-from ._nodes_key import key_by  # noqa: F401  (registered on streamz.Stream)
+from .._functions import describe  # noqa: F401  (streamlb.nodes.describe, as before)
+from ._base import (_check_cost, _check_name, _check_parallelism, _Described, _keep_alive,  # noqa: F401
+                    _Late, late_records)
+from ..exceptions import PipelineError
+from ._key import key_by  # noqa: F401  (registered on streamz.Stream)
 
 __all__ = ["from_parquet", "with_watermark", "select", "key_by", "window", "aggregate", "apply", "join", "process",
            "stateful_map", "rebalance", "to_parquet"]
@@ -99,7 +99,7 @@ def _watch_seconds(watch, what: str) -> float | None:
     Traceback (most recent call last):
     streamlb.exceptions.PipelineError: from_parquet('d'): watch: 'soon' is not a positive duration; ...
     """
-    from ._time import duration_s
+    from .._time import duration_s
 
     return None if watch is None else duration_s(watch, f"{what}: watch", positive=True)
 
@@ -226,7 +226,7 @@ class rebalance(_Described):
 
     def __init__(self, upstream, parallelism=None, cost=None, balancer="round_robin", feature=None,
                  group=256, **kwargs):
-        from ._shuffle import check_shuffle
+        from .._shuffle import check_shuffle
 
         _check_parallelism(parallelism, "rebalance")
         self.cost = _check_cost(cost, "rebalance")
@@ -268,7 +268,7 @@ class to_parquet(Sink):
         raise PipelineError("to_parquet runs on a Dask cluster: use streamlb.run(...)")
 
 
-from ._nodes_time import apply, window, with_watermark  # noqa: E402,F401  (registered on streamz.Stream)
-from ._nodes_join import join, process  # noqa: E402,F401  (registered on streamz.Stream)
-from ._nodes_kafka import from_kafka_topic, to_kafka_topic  # noqa: E402,F401  (registered on streamz.Stream)
-from ._nodes_select import select  # noqa: E402,F401  (registered on streamz.Stream)
+from ._time import apply, window, with_watermark  # noqa: E402,F401  (registered on streamz.Stream)
+from ._join import join, process  # noqa: E402,F401  (registered on streamz.Stream)
+from ._kafka import from_kafka_topic, to_kafka_topic  # noqa: E402,F401  (registered on streamz.Stream)
+from ._select import select  # noqa: E402,F401  (registered on streamz.Stream)

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 
 from ._parquet_out import _BASE_TIME, _STEP_US, _write
-from ._zipf import (_BLOCK, _blocks, _key_permutation, _masked, _zipf_cdf, _zipf_ranks, _zipf_table,  # noqa: F401
-                    zipf_keys)
-from ._time import duration_s
-from .exceptions import JavaNotFoundError
+from ._zipf import _blocks, zipf_keys
+from .._time import duration_s
+from ..exceptions import JavaNotFoundError
 
 __all__ = ["zipf", "nexmark", "spark_session", "check_java", "read_manifest"]
 
@@ -310,7 +309,7 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
     disorder = duration_s(disorder, "nexmark: disorder")
     _check_nexmark(hot_auction_ratio, hot_bidder_ratio, hot_seller_ratio, in_flight_auctions, rate, disorder,
                    late_fraction)
-    from . import _nexmark_data
+    from . import _nexmark as _nexmark_data
 
     spark = spark_session()
     if flat:
@@ -322,7 +321,7 @@ def nexmark(path, events: int, partitions: int = 4, seed: int = 0, hot_auction_r
 
 
 def _nexmark_frame(ids: np.ndarray, seed: int, partitions: int, ha: int, hb: int, hs: int) -> pd.DataFrame:
-    """The flat table's events of ids ``ids`` (see :mod:`streamlb._nexmark_data`)."""
-    from ._nexmark_data import nexmark_frame
+    """The flat table's events of ids ``ids`` (see :mod:`streamlb.datasets._nexmark`)."""
+    from ._nexmark import nexmark_frame
 
     return nexmark_frame(ids, seed, partitions, ha, hb, hs)

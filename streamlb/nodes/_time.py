@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from streamz import Stream
 
-from ._time import check_unit, duration_ns
-from .exceptions import PipelineError
-from ._node_base import _check_name, _check_parallelism, _Described, _Late
+from .._time import check_unit, duration_ns
+from ..exceptions import PipelineError
+from ._base import _check_name, _check_parallelism, _Described, _Late
 
 
 @Stream.register_api()
