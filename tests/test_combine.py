@@ -132,7 +132,8 @@ def test_a_full_speed_parquet_source_takes_batches_within_a_row_cap_and_a_byte_b
 
     from streamlb.planner._checks import bytes_per_row
     from streamlb.exceptions import PipelineError
-    from streamlb.planner import pace_batches, plan
+    from streamlb.planner import plan
+    from streamlb.planner._checks import pace_batches
 
     narrow, wide = tmp_path / "narrow.parquet", tmp_path / "wide.parquet"
     _frame(1_000, seed=1).to_parquet(narrow)
@@ -165,7 +166,8 @@ def test_a_full_speed_parquet_source_takes_batches_within_a_row_cap_and_a_byte_b
 
 
 def test_a_source_read_by_aggregates_alone_at_full_speed_takes_larger_batches(tmp_path):
-    from streamlb.planner import pace_batches, plan
+    from streamlb.planner import plan
+    from streamlb.planner._checks import pace_batches
 
     path = tmp_path / "in.parquet"
     _frame(100, seed=3).to_parquet(path)

@@ -266,7 +266,8 @@ def test_imbalance_without_a_balancer_comes_from_the_instances(cluster2, skewed)
 
 
 def test_open_loop_sources_read_batches_a_window_holds_many_of(skewed):
-    from streamlb.planner import MIN_PACED_BATCH, PACED_BATCHES, pace_batches, plan
+    from streamlb.planner import plan
+    from streamlb.planner._checks import MIN_PACED_BATCH, PACED_BATCHES, pace_batches
 
     path, _ = skewed
 

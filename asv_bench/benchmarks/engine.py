@@ -97,7 +97,8 @@ def _shares(path: str, workers: list[str]) -> tuple[dict[str, list], int]:
 
     import dask
 
-    from streamlb.planner import pace_batches, plan
+    from streamlb.planner import plan
+    from streamlb.planner._checks import pace_batches
 
     src = Stream.from_parquet(path)
     src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")

@@ -16,14 +16,14 @@ from .. import config
 from ..nodes import _join as _nj
 from ..nodes import _time as _nt
 from . import _join as _plan_join
-from ._checks import MIN_PACED_BATCH, PACED_BATCHES, _check_columns, _project, pace_batches  # noqa: F401
+from ._checks import _check_columns, _project
 from ._time import event_time as _event_time
 from .. import nodes
 from ..nodes import _kafka as _nodes_kafka
 from ..nodes import _select as _nodes_select
 from ..exceptions import InputPathError, PipelineError, SchemaError
 from .._plan._step import Step, _ship
-from .._plan._model import KEYED_KINDS, SENDERS, Plan, Stage  # noqa: F401  (streamlb.planner.Stage, as users name it)
+from .._plan._model import Plan, Stage
 from .._sources._directory import set_expectations
 from ._sink_state import warn_driver_state
 
