@@ -187,7 +187,7 @@ def test_stateful_map_round_trip_of_a_subset_of_groups(tmp_path, kind):
     written = files_io.write_snapshot(str(tmp_path), "data/m/a.arrow", "stateful_map", store.snapshot(range(G)))
     manifest = _manifest("m", written, base=".")
     path = manifest_io.write_manifest(str(tmp_path), ".", manifest)            # a savepoint
-    assert path == str(tmp_path / "manifest_io.json")
+    assert path == str(tmp_path / "_manifest.json")
     manifest, base = manifest_io.read_manifest(str(tmp_path))
     blob = files_io.read_groups(base, manifest, "m", "stateful_map", SUBSET)
     keys = list(blob["states"])
@@ -266,7 +266,7 @@ def test_read_manifest_takes_the_highest_complete_checkpoint(tmp_path):
                                    "operators": {}, "id": i})
     (tmp_path / "chk-000013").mkdir()                     # partial: no manifest
     path = manifest_io.write_manifest(str(tmp_path), "chk-000001", {"format": 1, "files": {}, "operators": {}})
-    assert path == str(tmp_path / "chk-000001" / "manifest_io.json")
+    assert path == str(tmp_path / "chk-000001" / "_manifest.json")
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
     assert manifest_io.checkpoint_ids(str(tmp_path)) == [1, 3, 7, 12]
     manifest, base = manifest_io.read_manifest(str(tmp_path))
@@ -307,16 +307,16 @@ def test_read_manifest_errors_name_the_path(tmp_path):
     assert str(tmp_path) in str(err.value) and "partial" in str(err.value)
 
     (tmp_path / "chk-000001").mkdir()
-    (tmp_path / "chk-000001" / "manifest_io.json").write_text('{"format": 1, "files": ')
+    (tmp_path / "chk-000001" / "_manifest.json").write_text('{"format": 1, "files": ')
     with pytest.raises(CheckpointError, match="not valid JSON") as err:
         manifest_io.read_manifest(str(tmp_path))
-    assert "chk-000001/manifest_io.json" in str(err.value)
+    assert "chk-000001/_manifest.json" in str(err.value)
 
     (tmp_path / "chk-000002").mkdir()
-    (tmp_path / "chk-000002" / "manifest_io.json").write_text(json.dumps({"format": 1, "files": {}}))
+    (tmp_path / "chk-000002" / "_manifest.json").write_text(json.dumps({"format": 1, "files": {}}))
     with pytest.raises(CheckpointError, match="'operators'") as err:
         manifest_io.read_manifest(str(tmp_path))
-    assert "chk-000002/manifest_io.json" in str(err.value)
+    assert "chk-000002/_manifest.json" in str(err.value)
 
 
 @pytest.fixture
@@ -418,8 +418,8 @@ def test_retain_keeps_the_newest_and_the_files_they_reference(tmp_path):
     _age(data / "orphan.arrow", 800)
     (tmp_path / "chk-000002x").mkdir()                    # not a checkpoint dir: left alone
     (tmp_path / "chk-000003" / "extra").write_text("")
-    (tmp_path / "chk-000004" / "manifest_io.json.tmp-dead").write_text("")
-    os.rename(tmp_path / "chk-000004" / "manifest_io.json", tmp_path / "chk-000004" / "_gone")  # 4: partial
+    (tmp_path / "chk-000004" / "_manifest.json.tmp-dead").write_text("")
+    os.rename(tmp_path / "chk-000004" / "_manifest.json", tmp_path / "chk-000004" / "_gone")  # 4: partial
     (tmp_path / "chk-000006").mkdir()                     # in progress: newer than the newest
     (data / "own-6.arrow").write_bytes(b"y")              # ... and its file, just written
 
@@ -431,7 +431,7 @@ def test_retain_keeps_the_newest_and_the_files_they_reference(tmp_path):
     assert sorted(p.name for p in data.iterdir()) == ["own-3.arrow", "own-5.arrow", "own-6.arrow",
                                                       "shared.arrow"]
     assert str(data / "orphan.arrow") in removed and str(data / "own-1.arrow") in removed
-    assert str(tmp_path / "chk-000001" / "manifest_io.json") in removed
+    assert str(tmp_path / "chk-000001" / "_manifest.json") in removed
     assert str(tmp_path / "chk-000004") in removed
     assert retention_io.retain(root, 2) == []                  # nothing more to do; no error
     with pytest.raises(ValueError):
