@@ -1,0 +1,7 @@
+"""``python -m streamlb.cli``: the ``streamlb`` command, as ``python -m streamlb``."""
+import sys
+
+from . import main
+
+if __name__ == "__main__":
+    sys.exit(main())
