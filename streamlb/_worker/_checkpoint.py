@@ -28,7 +28,9 @@ import time
 import numpy as np
 
 from ..exceptions import StreamlbError
+from ._lifecycle import Lifecycle, Phase
 from ._messages import Checkpoint, CheckpointPeer
+from ._reads import Counts
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -47,10 +49,20 @@ def file_name(operator: str, index: int, run: int, cid: int) -> str:
 
 
 class CheckpointSide:
-    """Checkpoints as seen by one instance ``inst``."""
+    """Checkpoints as seen by instance ``index`` (incarnation ``run``, named ``label``) of
+    ``stage``: its ``store`` of ``key_groups`` groups, the ``aligner`` of its inputs, its
+    ``siblings`` (split keys), ``life``, ``counts``, routers (``exchanges``), ``sinks``,
+    ``dead`` letters, ``source`` and ``owner`` side. ``spawn`` runs a task of the instance,
+    ``wake()`` wakes its process loop, ``release()`` lets what waited for a barrier go."""
 
-    def __init__(self, inst) -> None:
-        self.inst = inst
+    def __init__(self, stage, index: int, run: int, label: str, *, store, key_groups: int, aligner, siblings,
+                 life: Lifecycle, counts: Counts, exchanges: dict, sinks, dead, source, owner, spawn, wake,
+                 release) -> None:
+        self.stage, self.index, self.run, self.label = stage, index, run, label
+        self.store, self.key_groups, self.aligner, self.siblings = store, key_groups, aligner, siblings
+        self.life, self.counts, self.exchanges = life, counts, exchanges
+        self.sinks, self.dead, self.source, self.owner = sinks, dead, source, owner
+        self.spawn, self.wake, self.release = spawn, wake, release
         self.url: str | None = None         # set when the job checkpoints
         self.compression: str | None = None  # of the snapshot files (streamlb.checkpoint.compression)
         self.pending: dict[int, bool] = {}   # checkpoint id -> full, expected and not yet taken
@@ -61,6 +73,14 @@ class CheckpointSide:
         self.peer_marks: dict[int, set[int]] = {}  # id -> siblings that sent CheckpointPeer
         self.acks: dict[int, asyncio.Future] = {}
         self.taken: set[int] = set()
+
+    def checkpointing(self, url: str, compression: str | None = None) -> None:
+        """The job checkpoints to ``url`` (snapshot files compressed as ``compression``
+        says: setting ``streamlb.checkpoint.compression``): outputs are staged per
+        checkpoint from now on."""
+        self.url = url
+        self.compression = compression
+        self.sinks.staged = True
 
     # -- the data lane ------------------------------------------------------------------------
     @property
@@ -80,26 +100,23 @@ class CheckpointSide:
         if target:
             self.targets[cid] = target
         self.blocked.setdefault(cid, set())
-        self.inst.aligner.when_aligned(("cp", cid), lambda: self._on_aligned(cid))
+        self.aligner.when_aligned(("cp", cid), lambda: self._on_aligned(cid))
 
     def barrier(self, sender: int, msg: Checkpoint) -> None:
         """The barrier of checkpoint ``msg.id`` from upstream ``sender``."""
         if msg.id in self.taken:
             return
         self.expect(msg.id, msg.full, msg.target)
-        if not self.inst.aligner.aligned(("cp", msg.id)):
+        if not self.aligner.aligned(("cp", msg.id)):
             self.blocked[msg.id].add(sender)
-        self.inst.aligner.marker(sender, ("cp", msg.id))
+        self.aligner.marker(sender, ("cp", msg.id))
 
     def _on_aligned(self, cid: int) -> None:
-        inst = self.inst
         self.aligned.add(cid)
         # every partial this one sent for earlier rows is numbered before the mark; one whose
         # inputs all ended sent its PeerEnd, which the siblings count as a mark already
-        if inst.combines and not inst.finishing:
-            for j in range(len(inst.siblings)):
-                if j != inst.index:
-                    inst.tasks.spawn(inst.send_control(j, CheckpointPeer(cid, inst.index)))
+        if self.siblings.combines and not self.life.phase.inputs_ended:
+            self.siblings.tell(CheckpointPeer(cid, self.index))
         self._check(cid)
 
     # -- siblings (split keys) -------------------------------------------------------------------
@@ -117,15 +134,12 @@ class CheckpointSide:
         return any(sibling in marks for cid, marks in self.peer_marks.items() if cid not in self.taken)
 
     def _check(self, cid: int) -> None:
-        inst = self.inst
         if cid not in self.aligned or cid in self.ready or cid in self.taken:
             return
-        if inst.combines:
-            others = {j for j in range(len(inst.siblings)) if j != inst.index} - inst.peer_ends
-            if not others <= self.peer_marks.get(cid, set()):
-                return
+        if self.siblings.combines and not self.siblings.still_running() <= self.peer_marks.get(cid, set()):
+            return
         self.ready.append(cid)
-        inst._wake.set()
+        self.wake()
 
     # -- taking a snapshot --------------------------------------------------------------------------
     async def flush(self) -> None:
@@ -134,55 +148,53 @@ class CheckpointSide:
             await self._take(self.ready.pop(0))
 
     async def _take(self, cid: int) -> None:
-        inst = self.inst
         full = self.pending.pop(cid, True)
         target = self.targets.pop(cid, None)
         self.aligned.discard(cid)
         t0 = time.time()
-        store = inst.store
+        store = self.store
         blob = groups = None
         if store is not None:
             dirty = store.take_dirty()
-            groups = np.arange(inst.key_groups) if full else dirty
+            groups = np.arange(self.key_groups) if full else dirty
             blob = store.snapshot(groups) if len(groups) else None
-        segment = inst.seal(cid)
-        for ex in inst.exchanges.values():
+        segment = self.seal(cid)
+        for ex in self.exchanges.values():
             await ex.checkpoint(cid, full, target)
         self.taken.add(cid)
         self.blocked.pop(cid, None)
         self.peer_marks.pop(cid, None)
-        inst.aligner.forget(("cp", cid))
-        inst.release_deferred()
+        self.aligner.forget(("cp", cid))
+        self.release()
         fut = self.future(cid)
-        ack = {"operator": inst.stage.name, "instance": inst.index, "run": inst.run, "segment": segment,
+        ack = {"operator": self.stage.name, "instance": self.index, "run": self.run, "segment": segment,
                "groups": None if groups is None else groups.tolist(), "file": None, "error": None,
                "aligned_at": t0}
-        if inst.owner.waiting or inst.owner.merge_in_flight():
+        if self.owner.waiting or self.owner.merge_in_flight():
             # only a migration that timed out leaves state travelling while a checkpoint runs:
             # this snapshot would miss it, so the checkpoint does not complete
-            ack["error"] = f"instance {inst.label}: state of a migration is still on its way; checkpoint {cid} skipped"
+            ack["error"] = f"instance {self.label}: state of a migration is still on its way; checkpoint {cid} skipped"
             if blob is not None:
                 store.release(blob)
             blob = None
             if store is not None:
                 store.mark_dirty(None)      # the next snapshot here writes every group
-        inst.tasks.spawn(self._write(cid, blob, ack, fut, target or self.url))
+        self.spawn(self._write(cid, blob, ack, fut, target or self.url))
 
     async def _write(self, cid: int, blob, ack: dict, fut: asyncio.Future, url: str | None) -> None:
-        inst = self.inst
         if blob is not None:
             from .._checkpoint._files import write_snapshot
 
-            rel = file_name(inst.stage.name, inst.index, inst.run, cid)
+            rel = file_name(self.stage.name, self.index, self.run, cid)
             try:
                 ack["file"] = await asyncio.get_running_loop().run_in_executor(
-                    _writer(), write_snapshot, url, rel, inst.stage.kind, blob, self.compression)
+                    _writer(), write_snapshot, url, rel, self.stage.kind, blob, self.compression)
             except Exception as exc:        # the job goes on; the coordinator counts it
-                ack["error"] = f"instance {inst.label} could not write {rel} under {url}: " \
+                ack["error"] = f"instance {self.label} could not write {rel} under {url}: " \
                                f"{type(exc).__name__}: {exc}"
             finally:
-                if inst.store is not None:     # arrays it lent for the snapshot are free again
-                    inst.store.release(blob)
+                if self.store is not None:     # arrays it lent for the snapshot are free again
+                    self.store.release(blob)
         ack["written_at"] = time.time()
         if not fut.done():
             fut.set_result(ack)
@@ -200,32 +212,37 @@ class CheckpointSide:
         if not fut.done():
             fut.set_result(ack)
 
-
-class Checkpointed:
-    """The checkpoint RPCs of :class:`~streamlb._worker._instance.Instance` (mixed in);
-    its state is a :class:`CheckpointSide` at ``self.ckpt``."""
-
-    async def checkpointing(self, url: str, compression: str | None = None) -> None:
-        """The job checkpoints to ``url`` (snapshot files compressed as ``compression``
-        says: setting ``streamlb.checkpoint.compression``): outputs are staged per
-        checkpoint from now on."""
-        self.ckpt.url = url
-        self.ckpt.compression = compression
-        self.sinks.staged = True
-
+    # -- outputs --------------------------------------------------------------------------------
     def seal(self, cid: int) -> dict | None:
         """What the sinks and the dead letters got since the previous barrier: checkpoint
-        ``cid``'s outputs, for the driver to commit once it completes."""
+        ``cid``'s outputs (-1: those after the last barrier), for the driver to commit once
+        it completes (see :meth:`streamlb._worker._sinks.Sinks.seal`)."""
         if not self.sinks.staged:
             return None
-        if cid >= 0:
-            self.sinks.seal_kafka(cid)
-        return {"lists": self.sinks.take_lists(), "dead": self.dead.take(),
-                "files": self.sinks.seal() + self.sinks.take_closed()}
+        return self.sinks.seal(cid)
 
-    async def _source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
+    def take_final(self) -> dict | None:
+        """A checkpointed job that finished: the outputs after the last barrier (committed
+        by the driver now that every instance is done; what a writer holds commits here)."""
+        self.sinks.commit_all()
+        return self.seal(-1)
+
+    def forget(self, cid: int, complete: bool = True) -> None:
+        """The driver is done with checkpoint ``cid``: it is complete (the sinks' writers
+        commit what they hold for it; a source tells its reader where it stood), or, not
+        ``complete``, it was given up and its late outputs collected (they wait for the next
+        complete one)."""
+        self.acks.pop(cid, None)
+        if complete:
+            self.sinks.completed(cid)
+            if self.source is not None:
+                self.source.completed(cid)
+
+    # -- a source ---------------------------------------------------------------------------------
+    async def source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
         """A source between two batches: record what it emitted, then send the barrier on."""
-        position = {**self.source.position(), "records_out": self.records_out, "started_at": self.started_at}
+        position = {**self.source.position(), "records_out": self.counts.records_out,
+                    "started_at": self.life.started_at}
         self.source.checkpointed[cid] = dict(self.source.emitted)
         segment = self.seal(cid)
         for ex in self.exchanges.values():
@@ -235,64 +252,49 @@ class Checkpointed:
     def _source_ack(self, cid: int, segment: dict | None, position: dict) -> None:
         """A source's acknowledgement of checkpoint ``cid``: its position, no state."""
         now = time.time()
-        self.ckpt.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
-                                "segment": segment, "position": position, "groups": None, "file": None,
-                                "error": None, "aligned_at": now, "written_at": now})
+        self.resolve(cid, {"operator": self.stage.name, "instance": self.index, "run": self.run,
+                           "segment": segment, "position": position, "groups": None, "file": None,
+                           "error": None, "aligned_at": now, "written_at": now})
 
-    async def checkpoint(self, cid: int, full: bool = False, target: str | None = None) -> None:
+    def source_checkpoint(self, cid: int, full: bool = False, target: str | None = None) -> None:
         """A source: put checkpoint ``cid``'s barrier out between the next two batches (at
         once if the source has ended: its end aligns the instances downstream)."""
-        src = self.source
-        if src.exhausted or self.status != "running":
-            position = {**src.position(), "ended": True, "records_out": self.records_out,
-                        "started_at": self.started_at, "finished_at": self.finished_at,
+        src, life = self.source, self.life
+        if src.exhausted or life.status != "running":
+            position = {**src.position(), "ended": True, "records_out": self.counts.records_out,
+                        "started_at": life.started_at, "finished_at": life.finished_at,
                         "offsets": dict(src.offsets)}
             # what its sinks got after its last barrier is this checkpoint's: restored, it
             # replays nothing
-            self._source_ack(cid, self.seal(cid) if self.status not in ("failed", "stopped", "retired") else None,
-                             position)
+            stopped = life.phase in (Phase.FAILED, Phase.STOPPED, Phase.RETIRED)
+            self._source_ack(cid, None if stopped else self.seal(cid), position)
             return
         src.ask_barrier(cid, full, target)
 
-    async def await_checkpoint(self, cid: int, full: bool, timeout: float, target: str | None = None) -> dict:
+    # -- the driver's calls -----------------------------------------------------------------------
+    async def acknowledgement(self, cid: int, full: bool, timeout: float, target: str | None = None) -> dict:
         """This instance's acknowledgement of checkpoint ``cid`` once its snapshot is
         written (an instance whose inputs all ended takes it from its final state)."""
-        if self.status in ("failed", "stopped", "retired"):
-            raise StreamlbError(f"instance {self.label} is {self.status}; it cannot take checkpoint {cid}")
+        life = self.life
+        if life.phase in (Phase.FAILED, Phase.STOPPED, Phase.RETIRED):
+            raise StreamlbError(f"instance {self.label} is {life.status}; it cannot take checkpoint {cid}")
         if self.source is None:
-            self.ckpt.expect(cid, full, target)
-            if self.status == "done":
-                await self.ckpt.flush()
+            self.expect(cid, full, target)
+            if life.phase is Phase.DONE:
+                await self.flush()
             else:
-                self._wake.set()
-        return await asyncio.wait_for(asyncio.shield(self.ckpt.future(cid)), timeout)
+                self.wake()
+        return await asyncio.wait_for(asyncio.shield(self.future(cid)), timeout)
 
-    def checkpoint_status(self, cid: int) -> dict:
-        """Where checkpoint ``cid`` stands here (what a coordinator logs when it is stuck)."""
-        c = self.ckpt
+    def status(self, cid: int) -> dict:
+        """Where checkpoint ``cid`` stands here."""
         key = ("cp", cid)
-        return {"instance": self.label, "status": self.status, "pending": cid in c.pending,
-                "aligned": cid in c.aligned, "ready": cid in c.ready, "taken": cid in c.taken,
-                "barriers_from": sorted(self.aligner._marks.get(key, ())), "ended": sorted(self.aligner.ended),
-                "senders": sorted(self.aligner.senders), "blocked": sorted(c.blocked.get(cid, ())),
-                "peer_marks": sorted(c.peer_marks.get(cid, ())), "peer_ends": sorted(self.peer_ends),
-                "queued": len(self.inbox), "deferred": len(self.deferred), "ctl_deferred": len(self.ctl_deferred),
-                "barriers_asked": list(self.source.barriers) if self.source else None,
-                "finishing": self.finishing, "eos_sent": self.eos_sent, "can_finish": self._can_finish(),
-                "spawned": [repr(t.get_coro())[:90] for t in self.tasks.spawned],
-                "main": [(repr(t.get_coro())[:60], t.done()) for t in self.tasks.main],
-                "owner_waiting": self.owner.waiting, "unarmed": bool(self.owner.unarmed)}
-
-    async def forget_checkpoint(self, cid: int, complete: bool = True) -> None:
-        """The driver is done with checkpoint ``cid``: it is complete (Kafka sinks commit the
-        rows before its barrier; a source tells its reader where it stood), or, not
-        ``complete``, it was given up and its late outputs collected (they wait for the next
-        complete one)."""
-        self.ckpt.acks.pop(cid, None)
-        if complete:
-            self.sinks.completed(cid)
-            if self.source is not None:
-                self.source.completed(cid)
+        return {"pending": cid in self.pending, "aligned": cid in self.aligned, "ready": cid in self.ready,
+                "taken": cid in self.taken, "barriers_from": sorted(self.aligner._marks.get(key, ())),
+                "ended": sorted(self.aligner.ended), "senders": sorted(self.aligner.senders),
+                "blocked": sorted(self.blocked.get(cid, ())), "peer_marks": sorted(self.peer_marks.get(cid, ())),
+                "peer_ends": sorted(self.siblings.ended),
+                "barriers_asked": list(self.source.barriers) if self.source else None}
 
     async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
         """Install the state of key groups ``groups`` from a checkpoint (read off the event
@@ -304,9 +306,3 @@ class Checkpointed:
         self.store.install(blob)
         self.store.take_dirty()
         return len(self.store)
-
-    async def take_final(self) -> dict | None:
-        """A checkpointed job that finished: the outputs after the last barrier (committed
-        by the driver now that every instance is done; Kafka transactions commit here)."""
-        self.sinks.commit_kafka()
-        return self.seal(-1)

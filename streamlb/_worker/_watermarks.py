@@ -153,7 +153,7 @@ class Watermarks:
 
     # -- split keys: a home waits for its helpers ------------------------------------------------
     def _gated(self) -> bool:
-        return bool(getattr(self.inst, "combines", False)) and self.inst.stage.kind == "window"
+        return self.inst.siblings.combines and self.inst.stage.kind == "window"
 
     def _tell_peers(self) -> None:
         """Siblings that may be homes of keys this one helps with learn its own watermark
@@ -188,7 +188,7 @@ class Watermarks:
             return self.own
         inst = self.inst
         peers = [self.peers.get(j, MIN_TIME) for j in range(len(inst.siblings))
-                 if j != inst.index and j not in inst.peer_ends]
+                 if j != inst.index and j not in inst.siblings.ended]
         return min([self.own, *peers])
 
     async def on_peer(self, msg: PeerWatermark) -> None:
