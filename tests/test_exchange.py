@@ -10,7 +10,7 @@ from streamlb.routing import RoutingTable
 from streamlb._worker._channels import OutChannel
 from streamlb._worker._exchange import make_exchange
 from streamlb._worker._messages import Batch, EndOfStream, ExchangeSpec
-from streamlb._worker._steps import DeadLetters
+from streamlb._sinks import DeadLetters
 
 
 class _Owner:

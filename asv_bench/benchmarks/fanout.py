@@ -29,7 +29,7 @@ class FanOutRouting:
     def setup(self, rows):
         from streamlb._worker._exchange import KeyedRouter
         from streamlb._worker._messages import ExchangeSpec
-        from streamlb._worker._steps import DeadLetters
+        from streamlb._sinks import DeadLetters
         from streamlb.routing import RoutingTable
 
         rng = np.random.default_rng(7)

@@ -17,8 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
-import shutil
 import signal
 import threading
 import time
@@ -364,7 +362,7 @@ class Lifecycle:
         the plugin knew of it (readable once the cluster is gone)."""
         job = self.job
         job._checkpoints.finish()
-        self._commit_parquet()
+        job._results.outputs.finish()       # what no checkpoint committed (all, without checkpoints)
         job.status = "done"
         if job.autoscaler is not None:
             job.autoscaler.stop()
@@ -395,20 +393,9 @@ class Lifecycle:
         self._remove_uncommitted()
         raise err
 
-    def _commit_parquet(self) -> None:
-        for path in self.job.plan.parquet_paths:
-            tmp = os.path.join(path, "_temporary")
-            os.makedirs(path, exist_ok=True)
-            if os.path.isdir(tmp):
-                for fn in sorted(os.listdir(tmp)):
-                    os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
-                os.rmdir(tmp)
-            open(os.path.join(path, "_SUCCESS"), "w").close()
-
     def _remove_uncommitted(self) -> None:
         """Outputs the job staged but never committed (it stopped before it finished)."""
-        for path in self.job.plan.parquet_paths:
-            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
+        self.job._results.outputs.abort()
 
     def stop(self) -> None:
         """See :meth:`streamlb.Job.stop`."""

@@ -28,7 +28,7 @@ class Release:
         self.job = job
         self.gone: str | None = None            # why the cluster can no longer be reached
         self.released: set[str] = set()         # retired workers whose instances were let go
-        # instances rescaled away whose Kafka transactions wait for the next checkpoint
+        # instances rescaled away whose outputs (Kafka transactions) wait for the next checkpoint
         self.lingering: dict[tuple, tuple] = {}     # (stage, index) -> (actor, future, run)
         self.last_runs: dict[tuple, int] = {}        # run of each instance rescaled away
 
@@ -45,8 +45,8 @@ class Release:
         return None
 
     def actors(self, keys=None, timeout: float = 5.0) -> None:
-        """Stop the instances ``keys`` (all by default, and those lingering: their Kafka
-        transactions are aborted), waiting at most ``timeout`` seconds in all, and let go of
+        """Stop the instances ``keys`` (all by default, and those lingering: what their sinks
+        hold is aborted), waiting at most ``timeout`` seconds in all, and let go of
         their actors: the workers free them, and Dask no longer counts them when retiring
         the workers."""
         actors = self.job.actors
@@ -56,9 +56,9 @@ class Release:
         self.stop_instances(keys, timeout)
         self.forget(keys)
 
-    # -- instances rescaled away, with Kafka transactions waiting for a checkpoint -----------------
+    # -- instances rescaled away, with outputs waiting for a checkpoint ----------------------------
     def linger(self, key) -> None:
-        """Instance ``key`` is rescaled away but holds Kafka transactions that commit with the
+        """Instance ``key`` is rescaled away but holds outputs (Kafka transactions) that commit with the
         next checkpoint: it leaves the job's instances and stays until then."""
         job = self.job
         self.lingering[key] = (job.actors.pop(key), job._futures.pop(key, None), job.runs.get(key, 0))
@@ -80,16 +80,16 @@ class Release:
 
     def finished(self) -> None:
         """The job finished: the lingering instances commit and go."""
-        self._let_go(list(self.lingering), "commit_kafka", config.seconds("stop-timeout"))
+        self._let_go(list(self.lingering), "commit_outputs", config.seconds("stop-timeout"))
 
     def hand_off(self, key):
-        """A new instance takes index ``key`` of one lingering: the Kafka rows that one has not
+        """A new instance takes index ``key`` of one lingering: the outputs that one has not
         committed, for the new one to write first (``{}`` if none lingers there)."""
         if key not in self.lingering:
             return {}
         actor = self.lingering[key][0]
         try:
-            return actor.hand_off_kafka().result(timeout=config.seconds("stop-timeout"))
+            return actor.hand_off_outputs().result(timeout=config.seconds("stop-timeout"))
         finally:
             self._let_go([key], "stop", 1.0)
 

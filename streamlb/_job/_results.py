@@ -1,9 +1,10 @@
 """Reading what a job computed and measured: state, metrics, imbalance, dead letters,
 offsets, the summary, the plugin's view and load traces.
 
-:class:`Results` keeps what the instances handed the driver (list-sink items and dead
-letters from each poll, the last poll's rows, the metrics of instances retired or
-released) and asks the instances, or the coordinator of the job's migrations, for the rest.
+:class:`Results` keeps what the instances handed the driver (the outputs of each poll,
+committed through the sinks' committers, :attr:`Results.outputs`; the last poll's rows,
+the metrics of instances retired or released) and asks the instances, or the coordinator
+of the job's migrations, for the rest.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pandas as pd
 from .. import config
 from ..exceptions import JobReleasedError, PipelineError, StreamlbError
 from .._plan._model import KEYED_KINDS, Stage
+from .._sinks import Committers
 
 logger = logging.getLogger("streamlb.job")
 
@@ -49,12 +51,12 @@ class Results:
         self.retired_metrics: list[dict] = []   # load windows of instances no longer there
         # where each list sink's items of this job start: a list may hold items of before
         self.list_start = {sid: len(items) for sid, items in job.plan.list_sinks.items()}
+        # the driver's side of the job's sinks: commits what the instances staged or reported
+        self.outputs = Committers(job.plan, self.dead)
 
     def take_outputs(self, r: dict) -> None:
-        """The list-sink items and dead letters of one instance's poll answer ``r``."""
-        for sid, items in r["lists"].items():
-            self.job.plan.list_sinks[sid].extend(items)
-        self.dead.extend(r["dead_letters"])
+        """The outputs of one instance's poll answer ``r`` (list-sink items, dead letters)."""
+        self.outputs.take(r)
 
     def absorb_retired(self, key, last: dict) -> None:
         """The last poll of a retired actor: its outputs and metrics are the job's."""

@@ -248,8 +248,8 @@ class Reconfigurer:
         for i in new:
             a = job.actors[(st.id, i)]
             self._on_upstream(st, "add_peer", i, a._address, a.key)
-        for k in keys:      # an index rescaled away before, whose Kafka rows wait: written here first
-            self._result([job.actors[k].adopt_kafka(job._release.hand_off(k))])
+        for k in keys:      # an index rescaled away before, whose outputs wait: written here first
+            self._result([job.actors[k].adopt_outputs(job._release.hand_off(k))])
         self._result([job.actors[k].start() for k in keys])
         job._migrations.update_topology(job.topology())
         if st.id in job.tables:
@@ -293,13 +293,13 @@ class Reconfigurer:
         job._migrations.update_topology(job.topology())
 
     def _retire(self, keys) -> set:
-        """Retire the instances ``keys``; those whose Kafka transactions wait for the next
-        checkpoint are returned."""
+        """Retire the instances ``keys``; those whose outputs (Kafka transactions) wait for
+        the next checkpoint are returned."""
         job = self.job
         timeout = config.seconds("migration.timeout")
         waiting = set()
         for k, last in zip(keys, self._result([job.actors[k].retire(timeout) for k in keys])):
-            if last.pop("kafka", None):
+            if last.pop("outputs", None):
                 waiting.add(k)
             job._absorb_retired(k, last)
         return waiting
@@ -368,7 +368,7 @@ class Reconfigurer:
             self._siblings(st, exclude=[i])
             moved = old.hand_over(new._address, new.key, timeout).result()
         last = old.retire(timeout, "hand_off").result()
-        new.adopt_kafka(last.pop("kafka", None) or {}).result()     # its Kafka rows not yet committed
+        new.adopt_outputs(last.pop("outputs", None) or {}).result()     # its outputs not yet committed
         job._absorb_retired(key, last)
         if not (resume and resume.get("ended")):    # an ended source's end was counted already
             self._on_downstream(st, "add_sender", i, run)

@@ -9,7 +9,9 @@ One checkpoint at a time, every ``interval`` seconds, from a thread of the drive
    and acknowledge (see :mod:`streamlb._worker._checkpoint`);
 3. once every instance acknowledged, write the manifest (last, by an atomic rename: the
    checkpoint is then complete), drop old checkpoints, and commit the outputs staged for
-   it: Parquet files move out of ``_temporary``, ``sink_to_list`` items reach the lists.
+   it, each part through its sink's committer (:mod:`streamlb._sinks`: Parquet files move
+   out of ``_temporary``, ``sink_to_list`` items reach the lists), and tell the instances
+   (their writers commit what they hold, e.g. Kafka transactions).
 
 A key group no instance rewrote since the previous complete checkpoint is referenced in
 the new manifest, not written again (incremental). A failed checkpoint (a write error, a
@@ -18,7 +20,6 @@ timeout) is counted and logged; the job goes on and the next checkpoint writes e
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
@@ -304,7 +305,7 @@ class Checkpointer:
     def stage_outputs(self, segment: dict, label: int | None) -> None:
         """Outputs of one instance: those before checkpoint ``label``'s barrier, or (None)
         those after its last barrier, of an instance that retired."""
-        if not segment or not (segment.get("lists") or segment.get("dead") or segment.get("files")):
+        if not segment or not any(segment.values()):
             return
         with self._outputs:
             self.staged.append({"label": label, "after": self.triggered_id, **segment})
@@ -318,15 +319,9 @@ class Checkpointer:
                      (s["label"] is not None and s["label"] <= done) or (s["label"] is None and s["after"] < done)]
             self.staged = [s for s in self.staged if not any(s is r for r in ready)]
         ready.sort(key=lambda s: (s["label"] is None, s["label"] or 0))
-        job = self.job
+        outputs = self.job._results.outputs
         for s in ready:
-            for sid, items in (s.get("lists") or {}).items():
-                job.plan.list_sinks[sid].extend(items)
-            job._dead.extend(s.get("dead") or ())
-            for path, fn in s.get("files") or ():
-                if os.path.exists(fn):
-                    os.makedirs(path, exist_ok=True)
-                    os.replace(fn, os.path.join(path, os.path.basename(fn)))
+            outputs.commit(s)
 
     def collect_late(self, wait: bool = False) -> None:
         """Outputs of instances that acknowledged a checkpoint after it was given up: staged
@@ -352,14 +347,7 @@ class Checkpointer:
         with self._outputs:
             n, self.staged = len(self.staged), []
         self.late = []
-        for path in self.job.plan.parquet_paths:
-            tmp = os.path.join(path, "_temporary")
-            if os.path.isdir(tmp):
-                for fn in os.listdir(tmp):
-                    try:
-                        os.remove(os.path.join(tmp, fn))
-                    except OSError:
-                        pass
+        self.job._results.outputs.discard()
         return n
 
     def frame(self):

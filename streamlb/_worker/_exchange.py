@@ -28,7 +28,8 @@ from ._channels import OutChannel
 from .._state._partials import RECORDS
 from ._combine import Combiner
 from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
-from ._steps import DeadLetters, call_user
+from .._sinks import DeadLetters
+from ._steps import call_user
 
 
 def _frame_of(x, spec: ExchangeSpec, upstream: str) -> pd.DataFrame:

@@ -44,7 +44,7 @@ from ._reconfig import Handover, Updates
 from ._siblings import Siblings
 from ._sinks import Sinks
 from ._sources import Source
-from ._steps import DeadLetters, StepRunner
+from ._steps import StepRunner
 from ._tasks import Tasks
 from ._watermarks import Watermarks
 
@@ -81,8 +81,8 @@ class Instance:
                                  spawn=self.tasks.spawn)
         self.aligner = Aligner(senders)
         self.store = make_store(stage, key_groups)
-        self.dead = DeadLetters(index)
         self.sinks = Sinks(stage.name, stage.id, index, run, job=str(job), steps=stage.children)
+        self.dead = self.sinks.dead
         self.watermarks = Watermarks(self)
         self.steps = StepRunner(stage.name, self.sinks, self._exchange, self.watermarks.observe)
         self.cost = CostServer()
@@ -170,7 +170,7 @@ class Instance:
         life = self.life
         life.started_at = time.time()
         life.move_to(Phase.RUNNING)
-        self.sinks.open_kafka()
+        self.sinks.open()
         self.meter.start(self.worker, life.started_at)
         if resume:
             life.started_at, self.counts.records_out = resume["started_at"], resume["records_out"]
@@ -196,21 +196,22 @@ class Instance:
 
     async def stop(self) -> None:
         self.tasks.cancel()
-        self.sinks.abort_kafka()        # what no checkpoint committed (of a done or retired one too)
+        self.sinks.abort()        # what no checkpoint committed (of a done or retired one too)
         if self.life.may(Phase.STOPPED):
             self.life.move_to(Phase.STOPPED)
-            self.sinks.abort()
 
-    async def retire(self, timeout: float, kafka: str = "linger") -> dict:
+    async def retire(self, timeout: float, outputs: str = "linger") -> dict:
         """No router sends here any more: finish what is queued, flush the outputs, close
         the sinks; the last poll (with this instance's metrics rows) is returned, and under
-        ``"kafka"`` the Kafka rows no checkpoint committed yet (see ``Sinks.end_kafka``)."""
+        ``"outputs"`` what the sinks hold that no checkpoint committed yet: ``"linger"``,
+        whether any of it waits for the next checkpoint (``Sinks.linger``); ``"hand_off"``,
+        what it is, for the instance that takes this index (``Sinks.hand_off``)."""
         await self.handover.until_quiet(timeout, "retire")
         await self.tasks.join_spawned()
         for ex in self.exchanges.values():
             await ex.drain()
         self.sinks.close()
-        kept = self.sinks.end_kafka(kafka)
+        kept = self.sinks.hand_off() if outputs == "hand_off" else self.sinks.linger()
         self.life.finished_at = time.time()
         self.meter.close_window(self.life.finished_at, last=True)
         self.life.move_to(Phase.RETIRED)
@@ -218,7 +219,7 @@ class Instance:
         out = self.reads.status_row()
         out["metrics"] = self.reads.metrics()
         out["final"] = self.ckpt.seal(-1)     # a checkpointed job commits these with its next checkpoint
-        out["kafka"] = kept
+        out["outputs"] = kept
         return out
 
     async def _run_source(self, epoch0: float, resume: dict | None = None) -> None:
@@ -470,18 +471,18 @@ class Instance:
     async def take_over(self, blob) -> None:
         self.handover.take_over(blob)
 
-    async def hand_off_kafka(self) -> dict:
-        """A retired instance whose index is taken again: its Kafka rows no checkpoint
-        committed, for the new instance to write (its own transactions are aborted)."""
-        return self.sinks.end_kafka("hand_off")
+    async def hand_off_outputs(self) -> dict:
+        """A retired instance whose index is taken again: what its sinks hold that no
+        checkpoint committed, for the new instance to write (its own is aborted)."""
+        return self.sinks.hand_off()
 
-    async def adopt_kafka(self, messages: dict) -> None:
+    async def adopt_outputs(self, handed: dict) -> None:
         """Before this instance starts: write what the one it replaces handed off."""
-        self.sinks.adopt_kafka(messages)
+        self.sinks.adopt(handed)
 
-    async def commit_kafka(self) -> None:
+    async def commit_outputs(self) -> None:
         """The job finished: a retired instance commits what waited for a checkpoint."""
-        self.sinks.commit_kafka()
+        self.sinks.commit_all()
 
     async def prepare_update(self, epoch: int, path: tuple, func) -> None:
         self.updates.prepare(epoch, path, func)

@@ -1,5 +1,5 @@
 """Fused steps: the plain streamz nodes (map, filter, flatten, sinks...) run inside a stage,
-user-function errors, and the dead-letter output."""
+and user-function errors. A sink step writes through its writer (``_sinks``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
@@ -10,30 +10,12 @@ import pandas as pd
 from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
 from .._plan._step import Step
+from .._sinks import WRITERS
 from ._sinks import Sinks
 
 # pandas copies a shared column when a step writes into it (always from pandas 3): select
 # may pass columns on without copying them
 _COW = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
-
-
-class DeadLetters:
-    """Records set aside instead of failing the job, with the reason, until the driver
-    polls them."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self._rows: list[dict] = []
-        self.counts: dict[str, int] = {}    # operator -> records set aside here so far
-
-    def add(self, operator: str, rows: pd.DataFrame, reasons: list[str]) -> None:
-        self.counts[operator] = self.counts.get(operator, 0) + len(rows)
-        for rec, why in zip(rows.to_dict("records"), reasons):
-            self._rows.append({"operator": operator, "instance": self.index, "reason": why, "record": rec})
-
-    def take(self) -> list[dict]:
-        out, self._rows = self._rows, []
-        return out
 
 
 def call_user(operator: str, step: Step, func, *args):
@@ -83,18 +65,14 @@ class StepRunner:
                     await self.run(step.children, item, emitted)
             case "sink":
                 call_user(self.operator, step, step.func, x)
-            case "list_sink":
-                self.sinks.append(step.target, x)
-            case "parquet_sink":
-                self.sinks.write_parquet(step.path, x)
-            case "kafka_sink":
-                self.sinks.write_kafka(step, x)
             case "exchange":
                 await self.exchange(step.target, x, emitted)
             case "watermark":
                 x = self.observe(x)
                 if len(x):
                     await self.run(step.children, x, emitted)
+            case kind if kind in WRITERS:       # a sink of the seam: its writer
+                self.sinks.write(step, x)
 
     def _select(self, step: Step, x):
         cols = list(step.args[0])

@@ -1,5 +1,5 @@
 """``Stream.from_kafka_topic`` and ``.to_kafka_topic``: Kafka as a source (the reader:
-``_sources/_kafka.py``) and a sink (``_worker/_kafka_sink.py``).
+``_sources/_kafka.py``) and a sink (``_sinks/_kafka.py``).
 
 The source is planned by :func:`plan` (registered in :data:`streamlb.planner.SOURCES`), one
 stage of kind ``kafka_source`` whose instances own the topic's partitions

@@ -4,12 +4,17 @@ transactions so a ``read_committed`` reader sees each row once.
 Without checkpoints nothing is replayed, so a transaction commits about every second and at
 the end of the stream. With checkpoints (two-phase commit, as Flink's Kafka sink): what the
 instance wrote since the previous barrier is one transaction, flushed when the barrier
-passes (:meth:`KafkaSinks.seal`) and committed once that checkpoint is complete
-(:meth:`KafkaSinks.completed`); the next rows go to another producer's transaction
+passes (:meth:`KafkaWriter.seal`) and committed once that checkpoint is complete
+(:meth:`KafkaWriter.completed`); the next rows go to another producer's transaction
 meanwhile. A recovery replays from the last complete checkpoint: what a lost instance wrote
 after it was never committed, and its replacement, which takes the same transactional ids
 (job, operator, instance, slot), aborts it when it starts (``init_transactions`` fences the
 old producer). ``job.stop()`` aborts what no checkpoint committed.
+
+The commit is the writer's own (:meth:`KafkaWriter.completed`, :meth:`KafkaWriter.commit_all`):
+a transaction can only be committed by the producer that holds it, so this sink has no
+driver-side committer; the driver's part is to tell the instances that a checkpoint
+completed or the job finished.
 
 The one gap, shared with every Kafka client without KIP-939: a worker lost after a
 checkpoint completed but before its instance committed loses that transaction's rows
@@ -24,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import PipelineError
+from ._base import SinkWriter
 
 logger = logging.getLogger("streamlb.sinks.kafka")
 
@@ -54,8 +60,8 @@ def encoded(df: pd.DataFrame, encode, where: str) -> list:
     return list(out)
 
 
-class _Topic:
-    """The producers of one ``to_kafka_topic`` in one instance.
+class KafkaWriter(SinkWriter):
+    """The producers of one ``to_kafka_topic`` (``step``) in one instance.
 
     Each transaction's messages are kept until it commits. A transaction during which a
     producer lost its broker connection, or had a fatal error (a broker that restarted and
@@ -64,20 +70,32 @@ class _Topic:
     it) and writes its messages again in a new transaction.
     """
 
-    def __init__(self, step, prefix: str, checkpointed) -> None:
+    kind = "kafka_sink"
+
+    def __init__(self, step, ctx) -> None:
+        super().__init__(step, ctx)
         self.opts = step.kwargs        # topic, producer_config, key, encode
-        self._checkpointed = checkpointed     # () -> whether the job checkpoints (known later)
         self.where = f"to_kafka_topic({self.opts['topic']!r})"
         self._base = {"linger.ms": 5, **self.opts["producer_config"]}
-        self._prefix = prefix
+        # transactional ids: job, stage, instance, sink, slot (the same for a replacement)
+        self._prefix = f"streamlb-{ctx.job}-{ctx.stage_id}-{ctx.index}-k{step.target}"
         self.kept: list[list] = [[] for _ in range(SLOTS)]      # per slot: (values, keys) written
         self.suspect: set[int] = set()      # slots whose producer lost its connection in a transaction
         self.producers: list = [None] * SLOTS
-        for slot in range(SLOTS):
-            self._renew(slot)
         self.current: int | None = None      # slot with an open transaction taking rows
         self.began = 0.0
         self.pending: dict[int, list[int]] = {}   # checkpoint id -> slots flushed, to commit
+
+    def _checkpointed(self) -> bool:
+        return self.ctx.staged
+
+    def open(self) -> None:
+        """The producers, opened when the instance starts: their ``init_transactions``
+        aborts what a lost instance with the same ids left open (a replacement does so even
+        if it writes nothing; one that moves is stopped by then)."""
+        if self.producers[0] is None:
+            for slot in range(SLOTS):
+                self._renew(slot)
 
     def _renew(self, slot: int) -> None:
         """A new producer for ``slot``; its ``init_transactions`` fences the one before (and
@@ -102,6 +120,7 @@ class _Topic:
         return on_error
 
     def write(self, df: pd.DataFrame) -> None:
+        self.open()
         if not isinstance(df, pd.DataFrame):
             raise PipelineError(f"{self.where} got {type(df).__name__}; it writes DataFrames")
         o = self.opts
@@ -225,8 +244,14 @@ class _Topic:
             logger.warning("%s: the rewrite failed: %s", self.where, e)
 
     def seal(self, cid: int) -> None:
-        """Checkpoint ``cid``'s barrier passed: its rows are flushed, committed once it
-        completes (rows of an instance that ended before the barrier are that checkpoint's too)."""
+        """Checkpoint ``cid``'s barrier passed: the rows since the previous one wait for it
+        (the final outputs, -1, are committed by :meth:`commit_all` or :meth:`linger`'s)."""
+        if cid >= 0:
+            self._seal(cid)
+
+    def _seal(self, cid: int) -> None:
+        """Rows up to now are checkpoint ``cid``'s: flushed, committed once it completes
+        (rows of an instance that ended before the barrier are that checkpoint's too)."""
         if cid != FINAL and FINAL in self.pending:
             self.pending.setdefault(cid, []).extend(self.pending.pop(FINAL))
         if self.current is not None:
@@ -249,7 +274,7 @@ class _Topic:
         :meth:`commit_all`: the job has not finished until every instance has, and a worker
         lost before that replays from the last checkpoint."""
         if self._checkpointed():
-            self.seal(FINAL)
+            self._seal(FINAL)
             return
         self.commit_all()
 
@@ -262,17 +287,25 @@ class _Topic:
             self._commit(self.current)
             self.current = None
 
-    def hand_off(self) -> list:
+    def linger(self) -> bool:
+        """A retired instance: what it wrote after its last barrier commits with the next
+        checkpoint to complete (none is under way while an operator rescales); whether any
+        transaction waits for it."""
+        self._seal(-1)
+        return bool(self.pending)
+
+    def hand_off(self) -> list | None:
         """Every message not committed yet, in the order written (for the instance that
         takes this one's place); this one's transactions are aborted."""
         slots = [s for c in sorted(self.pending) for s in self.pending[c]]
         out = [m for s in slots + ([self.current] if self.current is not None else []) for m in self.kept[s]]
         self.abort()
-        return out
+        return out or None
 
-    def adopt(self, messages: list) -> None:
+    def adopt(self, handed: list) -> None:
         """Write what another instance handed off (before any row of this one's own)."""
-        for values, keys in messages:
+        self.open()
+        for values, keys in handed:
             self._send(values, keys)
 
     def abort(self) -> None:
@@ -285,64 +318,3 @@ class _Topic:
             self.kept[s] = []
         self.pending.clear()
         self.current = None
-
-
-class KafkaSinks:
-    """Every ``to_kafka_topic`` of one instance (``prefix``: its transactional ids' stem;
-    ``checkpointed()``: whether the job checkpoints)."""
-
-    def __init__(self, prefix: str, checkpointed) -> None:
-        self.prefix, self.checkpointed = prefix, checkpointed
-        self.topics: dict[int, _Topic] = {}
-
-    def open(self, step) -> _Topic:
-        """The producers of sink ``step`` (its number in the plan names them: the same for a
-        replacement, whose ``init_transactions`` aborts what a lost instance left open)."""
-        t = self.topics.get(step.target)
-        if t is None:
-            t = self.topics[step.target] = _Topic(step, f"{self.prefix}-k{step.target}", self.checkpointed)
-        return t
-
-    def write(self, step, df) -> None:
-        self.open(step).write(df)
-
-    def seal(self, cid: int) -> None:
-        for t in self.topics.values():
-            t.seal(cid)
-
-    def completed(self, cid: int) -> None:
-        for t in self.topics.values():
-            t.completed(cid)
-
-    def close(self) -> None:
-        for t in self.topics.values():
-            t.close()
-
-    def commit_all(self) -> None:
-        for t in self.topics.values():
-            t.commit_all()
-
-    def linger(self) -> bool:
-        """A retired instance: what it wrote after its last barrier commits with the next
-        checkpoint to complete (none is under way while an operator rescales); whether any
-        transaction waits for it."""
-        for t in self.topics.values():
-            t.seal(-1)
-        return any(t.pending for t in self.topics.values())
-
-    def hand_off(self) -> dict:
-        return {target: t.hand_off() for target, t in self.topics.items()}
-
-    def abort(self) -> None:
-        for t in self.topics.values():
-            t.abort()
-
-
-def kafka_steps(steps) -> list:
-    """The ``kafka_sink`` steps among ``steps`` and their children."""
-    out = []
-    for st in steps:
-        if st.kind == "kafka_sink":
-            out.append(st)
-        out.extend(kafka_steps(st.children))
-    return out

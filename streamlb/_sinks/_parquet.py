@@ -1,0 +1,130 @@
+"""``to_parquet(path)``: DataFrames written as a Parquet dataset, committed by the driver.
+
+Each instance writes its own file under ``<path>/_temporary`` (``part-<stage>-<index>``,
+``-r<run>`` for a replacement). Without checkpoints it is one file, moved into ``path``
+when the job finishes (with a ``_SUCCESS`` marker). With checkpoints each checkpoint's rows
+are one file (``-c<segment>``), closed when its barrier passes and named in the
+instance's acknowledgement; the driver moves it into ``path`` once that checkpoint is
+complete, removes what was staged for one that did not when it recovers, and removes
+``_temporary`` when the job stops or fails before it finished."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pandas as pd
+
+from ..exceptions import PipelineError
+from ._base import Committer, SinkWriter
+
+
+class ParquetWriter(SinkWriter):
+    """The file of Parquet sink ``step.path`` in one instance, open while rows come."""
+
+    kind = "parquet_sink"
+    segment = "files"
+
+    def __init__(self, step, ctx) -> None:
+        super().__init__(step, ctx)
+        self.path = step.path
+        # a replacement writes its own file
+        self.part = f"part-{ctx.stage_id:03d}-{ctx.index:04d}" + (f"-r{ctx.run}" if ctx.run else "")
+        self.segment_no = 0         # checkpoints sealed so far: the next staged file's number
+        self._writer = None         # the open pyarrow ParquetWriter
+        self._file: str | None = None
+        self.closed: list[list[str]] = []   # [path, file] closed at the end, not yet sealed
+
+    def write(self, x) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = self.path
+        if not isinstance(x, pd.DataFrame):
+            raise PipelineError(
+                f"to_parquet({path!r}) in {self.ctx.operator!r} got {type(x).__name__}; it writes DataFrames"
+            )
+        table = pa.Table.from_pandas(x)
+        w = self._writer
+        if w is None:
+            tmp = os.path.join(path, "_temporary")
+            os.makedirs(tmp, exist_ok=True)
+            fn = os.path.join(tmp, f"{self.part}-c{self.segment_no:05d}.parquet" if self.ctx.staged
+                              else f"{self.part}.parquet")
+            w = self._writer = pq.ParquetWriter(fn, table.schema)
+            self._file = fn
+        try:
+            table = table.cast(w.schema)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise PipelineError(
+                f"to_parquet({path!r}): a batch's schema {table.schema} does not match the "
+                f"first batch's {w.schema}: {exc}"
+            ) from exc
+        w.write_table(table)
+
+    def _close(self) -> list[list[str]]:
+        if self._writer is None:
+            return []
+        self._writer.close()
+        self._writer = None
+        return [[self.path, self._file]]
+
+    def seal(self, cid: int) -> list[list[str]]:
+        """Close the file written since the previous barrier (later rows go to a new one);
+        the files to commit with checkpoint ``cid``: that one and one closed at the end."""
+        files = self._close() + self.closed
+        self.closed = []
+        self.segment_no += 1
+        return files
+
+    def close(self) -> None:
+        """End of stream: close the file (the driver commits it)."""
+        self.closed.extend(self._close())
+
+    def abort(self) -> None:
+        """A failed or stopped instance removes the file it was writing."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                os.remove(self._file)
+            except OSError:
+                pass
+        self._writer = None
+
+
+class ParquetCommitter(Committer):
+    """Moves the files of the job's Parquet sinks (``plan.parquet_paths``) out of ``_temporary``."""
+
+    segment = "files"
+
+    def commit(self, part) -> None:
+        """Files (``[path, file]``) of a complete checkpoint: into their dataset."""
+        for path, fn in part or ():
+            if os.path.exists(fn):
+                os.makedirs(path, exist_ok=True)
+                os.replace(fn, os.path.join(path, os.path.basename(fn)))
+
+    def finish(self) -> None:
+        """Every file left under ``_temporary`` (every file of a job without checkpoints)
+        into its dataset, and ``_SUCCESS``."""
+        for path in self.plan.parquet_paths:
+            tmp = os.path.join(path, "_temporary")
+            os.makedirs(path, exist_ok=True)
+            if os.path.isdir(tmp):
+                for fn in sorted(os.listdir(tmp)):
+                    os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
+                os.rmdir(tmp)
+            open(os.path.join(path, "_SUCCESS"), "w").close()
+
+    def discard(self) -> None:
+        for path in self.plan.parquet_paths:
+            tmp = os.path.join(path, "_temporary")
+            if os.path.isdir(tmp):
+                for fn in os.listdir(tmp):
+                    try:
+                        os.remove(os.path.join(tmp, fn))
+                    except OSError:
+                        pass
+
+    def abort(self) -> None:
+        for path in self.plan.parquet_paths:
+            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
