@@ -375,4 +375,3 @@ def main(argv: list[str] | None = None) -> int:
         # the job that ran was stopped by Job.wait and its uncommitted outputs removed
         print(f"streamlb {args.command}: interrupted", file=sys.stderr)
         return 130
-
