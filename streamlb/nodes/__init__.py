@@ -11,9 +11,7 @@ from collections.abc import Mapping
 
 from streamz import Sink, Source, Stream
 
-from .._functions import describe  # noqa: F401  (streamlb.nodes.describe, as before)
-from ._base import (_check_cost, _check_name, _check_parallelism, _Described, _keep_alive,  # noqa: F401
-                    _Late, late_records)
+from ._base import _check_cost, _check_name, _check_parallelism, _Described, _Late
 from ..exceptions import PipelineError
 from ._key import key_by  # noqa: F401  (registered on streamz.Stream)
 

@@ -19,6 +19,7 @@ from . import _join as _plan_join
 from ._checks import _check_columns, _project
 from ._time import event_time as _event_time
 from .. import nodes
+from ..nodes._base import late_records
 from ..nodes import _kafka as _nodes_kafka
 from ..nodes import _select as _nodes_select
 from ..exceptions import InputPathError, PipelineError, SchemaError
@@ -239,7 +240,7 @@ class _Planner:
                 out.extend(self.keyed(d, stage))
             elif isinstance(d, sz.union):
                 out.extend(self.children(d, stage))
-            elif isinstance(d, nodes.late_records):
+            elif isinstance(d, late_records):
                 if stage.kind not in ("window", "join"):
                     raise PipelineError(f"late() of operator {stage.name!r}: only window operators "
                                         "(key_by(...).window(...).aggregate/apply) and joins have a late stream")
