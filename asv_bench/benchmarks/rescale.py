@@ -60,17 +60,20 @@ def _say(msg: str) -> None:
     print(f"[rescale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _on_all(actors, method: str) -> list:
-    return [f.result() for f in [getattr(a, method)() for a in actors]]
+def _on_all(actors, cmd) -> list:
+    """Send each actor the epoch command ``cmd``; their answers."""
+    return [f.result() for f in [a.command(cmd) for a in actors]]
 
 
 def _stop_snapshot_restart(job, op: str) -> dict:
     """The emulated baseline (see the module docstring); when each phase ended."""
+    from streamlb._worker._commands import Idle, Pause, Resume
+
     sources = [a for (sid, _), a in job.actors.items() if job.plan.stages[sid].is_source]
     t = {"asked": time.time()}
-    _on_all(sources, "pause")
+    _on_all(sources, Pause())
     t["paused"] = time.time()
-    while not all(_on_all(list(job.actors.values()), "idle")):
+    while not all(_on_all(list(job.actors.values()), Idle())):
         time.sleep(0.002)
     t["idle"] = time.time()
     snapshot = job.state(op)
@@ -81,7 +84,7 @@ def _stop_snapshot_restart(job, op: str) -> dict:
         job.rescale(op, TO, strategy="all-at-once")
         t["rescaled"] = time.time()
     finally:
-        _on_all(sources, "resume")
+        _on_all(sources, Resume())
     t["resumed"] = time.time()
     return t
 

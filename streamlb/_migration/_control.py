@@ -1,7 +1,8 @@
 """What the coordinator knows of a job: its actors, its keyed operators and their routing tables.
 
-``call(address, key, method, *args)`` is how the coordinator reaches an actor, wherever it
-runs (the driver, through the client; the scheduler plugin, through the scheduler).
+``call(address, key, command)`` is how the coordinator sends an instance one of the epoch
+protocol's typed commands (:mod:`streamlb._worker._commands`), wherever it runs (the driver,
+through the client; the scheduler plugin, through the scheduler).
 """
 from __future__ import annotations
 
@@ -14,31 +15,30 @@ import numpy as np
 
 from ..exceptions import MigrationError
 from ..routing import RoutingTable
+from .._worker._channels import call_actor
+from .._worker._commands import Command
 
 Call = Callable[..., Awaitable]
 
 
 def actor_caller(rpc, alive: Callable[[str], bool] | None = None) -> Call:
-    """``call(address, key, method, *args)`` through the connection pool ``rpc`` (a
-    client's or the scheduler's). ``alive(address)``: whether that worker is still there;
+    """``call(address, key, command)`` (the instance's ``command`` RPC) through the
+    connection pool ``rpc`` (a client's or the scheduler's). ``alive(address)``: whether that worker is still there;
     a call to one that is not fails at once (a connection would be retried for the connect
     timeout), so a migration whose actors died with their worker ends quickly."""
     pending: dict[str, set] = {}
     lost: set[str] = set()
 
-    async def call(address: str, key: str, method: str, *args):
-        # imported on first use: the worker package loads the actor module
-        from .._worker._channels import call_actor
-
+    async def call(address: str, key: str, cmd: Command):
         if address in lost or (alive is not None and not alive(address)):
             raise MigrationError(f"worker {address} (actor {key}) is gone")
-        task = asyncio.ensure_future(call_actor(rpc, address, key, method, *args))
+        task = asyncio.ensure_future(call_actor(rpc, address, key, "command", cmd))
         pending.setdefault(address, set()).add(task)
         try:
             return await task
         except asyncio.CancelledError:
             if address in lost and task.cancelled():
-                raise MigrationError(f"worker {address} (actor {key}) was lost during {method!r}") from None
+                raise MigrationError(f"worker {address} (actor {key}) was lost during {cmd.name!r}") from None
             raise
         finally:
             pending.get(address, set()).discard(task)

@@ -25,6 +25,7 @@ from ..exceptions import MigrationError
 from ..routing import RoutingTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, all_idle, check_settled, forget, gather, until, wait_done
+from .._worker._commands import Arm, GroupKeys, Pause, Prepare, Resume, SetTable
 from .._worker._moves import budget_chunks
 from ..keygroups import key_group_of
 
@@ -124,7 +125,7 @@ async def _keys_held(op: OperatorControl, call: Call, moving: list[tuple[int, in
     for g, _ in moving:
         by_owner.setdefault(int(op.table.owners[g]), []).append(g)
     counts = await gather("counting the keys of the moving groups",
-                          [call(*op.owners[i], "group_keys", gs) for i, gs in by_owner.items()])
+                          [call(*op.owners[i], GroupKeys(gs)) for i, gs in by_owner.items()])
     return {g: int(c) for gs, cs in zip(by_owner.values(), counts) for g, c in zip(gs, cs)}
 
 
@@ -183,7 +184,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
     switching = False
     try:
         if paused:
-            await gather("pausing the sources", [call(*s, "pause") for s in ctl.sources])
+            await gather("pausing the sources", [call(*s, Pause()) for s in ctl.sources])
             await until(lambda: all_idle(ctl, call), timeout, f"job {ctl.job} to drain before epoch {e.epoch}")
         switching = True
         await _switch(ctl, call, e)
@@ -195,7 +196,7 @@ async def _epoch(ctl: JobControl, call: Call, op: OperatorControl, assignment: d
         raise
     finally:
         if paused:
-            await gather("resuming the sources", [call(*s, "resume") for s in ctl.sources])
+            await gather("resuming the sources", [call(*s, Resume()) for s in ctl.sources])
     _record(ctl, e, status)
     await forget(ctl, call, op, e.epoch)
 
@@ -209,8 +210,8 @@ async def _prepare(call: Call, e: _Epoch) -> None:
     peer = e.op.owners
     told = [*e.incoming, *e.outgoing]
     results = await asyncio.gather(
-        *[call(*peer[i], "prepare", e.epoch, e.strategy, {}, inc) for i, inc in e.incoming.items()],
-        *[call(*peer[i], "prepare", e.epoch, e.strategy, out, {}, (), False) for i, out in e.outgoing.items()],
+        *[call(*peer[i], Prepare(e.epoch, e.strategy, {}, inc)) for i, inc in e.incoming.items()],
+        *[call(*peer[i], Prepare(e.epoch, e.strategy, out, {}, armed=False)) for i, out in e.outgoing.items()],
         return_exceptions=True)      # every prepare, failed or not, so none lands after the abort
     failed = [(i, r) for i, r in zip(told, results) if isinstance(r, BaseException)]
     if failed:
@@ -232,8 +233,8 @@ async def _switch(ctl: JobControl, call: Call, e: _Epoch) -> None:
     flush = e.strategy == "lazy" and op.merges_lazily
     e.switch_asked = time.time()
     answers = await gather(f"switching the routers of {op.name} to epoch {e.epoch}",
-                           [*[call(*r, "set_table", ctl.target(op), e.new, prefetch, flush) for r in op.routers],
-                            *[call(*op.owners[i], "arm", e.epoch) for i in e.outgoing]])
+                           [*[call(*r, SetTable(ctl.target(op), e.new, prefetch, flush)) for r in op.routers],
+                            *[call(*op.owners[i], Arm(e.epoch)) for i in e.outgoing]])
     e.switched = answers[:len(op.routers)]
     op.table = e.new
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from ..exceptions import MigrationError
+from .._worker._commands import Abort, Epochs, Forget, Idle, WaitEpoch
 from ._control import Call, JobControl, OperatorControl
 
 
@@ -32,7 +33,7 @@ async def epoch_status(call: Call, owners: list, epoch: int, deadline: float) ->
     """The owners' epoch status; each answers as soon as ``epoch`` is through there, or
     after at most 0.5 s (and never past ``deadline``), so completion needs no polling."""
     wait = max(0.0, min(0.5, deadline - time.time()))
-    return await gather("epoch status", [call(*p, "wait_epoch", epoch, wait) for p in owners])
+    return await gather("epoch status", [call(*p, WaitEpoch(epoch, wait)) for p in owners])
 
 
 async def wait_done(call: Call, op: OperatorControl, instances: list[int], epoch: int, timeout: float,
@@ -68,10 +69,10 @@ async def check_settled(op: OperatorControl, call: Call, groups) -> None:
     out (routers switched, state not yet installed): cutting them now could leave state
     behind. Epochs the instances report done since are settled."""
     for epoch, (unsettled, involved) in list(op.unsettled.items()):
-        status = await gather("epoch status", [call(*op.owners[i], "epochs") for i in involved])
+        status = await gather("epoch status", [call(*op.owners[i], Epochs()) for i in involved])
         if all(epoch in s["done"] for s in status):
             del op.unsettled[epoch]
-            await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners], return_exceptions=True)
+            await asyncio.gather(*[call(*p, Forget(epoch)) for p in op.owners], return_exceptions=True)
             continue
         busy = sorted(set(unsettled) & set(groups))
         if busy:
@@ -83,16 +84,16 @@ async def check_settled(op: OperatorControl, call: Call, groups) -> None:
 
 async def abort(call: Call, op: OperatorControl, instances, epoch: int) -> None:
     """No router has switched: ``instances`` forget ``epoch`` and the routing stays."""
-    await asyncio.gather(*[call(*op.owners[i], "abort", epoch) for i in instances], return_exceptions=True)
+    await asyncio.gather(*[call(*op.owners[i], Abort(epoch)) for i in instances], return_exceptions=True)
 
 
 async def forget(ctl: JobControl, call: Call, op: OperatorControl, epoch: int) -> None:
     """``epoch`` is recorded: the owners and routers of ``op`` may drop what they kept for it."""
-    await asyncio.gather(*[call(*p, "forget", epoch) for p in op.owners],
-                         *[call(*r, "forget", epoch, ctl.target(op)) for r in op.routers],
+    await asyncio.gather(*[call(*p, Forget(epoch)) for p in op.owners],
+                         *[call(*r, Forget(epoch, ctl.target(op))) for r in op.routers],
                          return_exceptions=True)
 
 
 async def all_idle(ctl: JobControl, call: Call) -> bool:
     """Whether every instance of the job has nothing queued or in flight."""
-    return all(await gather("drain check", [call(*p, "idle") for p in ctl.instances]))
+    return all(await gather("drain check", [call(*p, Idle()) for p in ctl.instances]))

@@ -8,6 +8,7 @@ import time
 from ..exceptions import MigrationError
 from ..keygroups import key_group_of
 from ..routing import RoutingTable
+from .._worker._commands import Prepare, SetTable
 from ._control import Call, JobControl, OperatorControl
 from ._protocol import abort, check_settled, forget, gather, wait_done
 
@@ -72,14 +73,14 @@ async def _split_epoch(ctl: JobControl, call: Call, op: OperatorControl, changes
     new = RoutingTable(old.owners, old.parallelism, old.epoch + 1, splits=tuple(splits.items()))
     epoch = new.epoch
     t0 = time.time()
-    results = await asyncio.gather(*[call(*op.owners[h], "prepare", epoch, "split", {}, {}, sorted(homes))
+    results = await asyncio.gather(*[call(*op.owners[h], Prepare(epoch, "split", {}, {}, sorted(homes)))
                                      for h, homes in flush.items()], return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         await abort(call, op, flush, epoch)
         raise MigrationError(f"prepare split epoch {epoch} of {op.name}: {type(failed[0]).__name__}: {failed[0]}")
     await gather(f"switching the routers of {op.name} to epoch {epoch}",
-                 [call(*r, "set_table", ctl.target(op), new, None) for r in op.routers])
+                 [call(*r, SetTable(ctl.target(op), new)) for r in op.routers])
     op.table = new
     # partials may still be on their way to the homes: on a timeout the keys' groups stay put
     await wait_done(call, op, sorted(flush), epoch, timeout, f"split epoch {epoch} of {op.name}",

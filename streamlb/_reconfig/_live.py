@@ -28,6 +28,7 @@ from .._placement import cluster_workers
 from ..exceptions import MigrationError, ReconfigurationError
 from .._plan._model import Stage
 from ..routing import RoutingTable
+from .._worker._commands import Epochs
 from ._plan import spread
 
 
@@ -208,7 +209,7 @@ class Reconfigurer:
     def _check_running(self, st: Stage, what: str) -> None:
         """Refuse to reconfigure an operator whose input already ended."""
         job = self.job
-        status = self._result([job.actors[(st.id, i)].epochs() for i in range(st.parallelism)])
+        status = self._result([job.actors[(st.id, i)].command(Epochs()) for i in range(st.parallelism)])
         ended = [i for i, s in enumerate(status) if s["status"] != "running" or s["finishing"]]
         if ended:
             s = status[ended[0]]

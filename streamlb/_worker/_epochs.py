@@ -1,88 +1,105 @@
-"""An instance's RPCs in the epoch protocol of live migrations (see :mod:`streamlb._migration`).
+"""An instance's side of the epoch protocol of live migrations (see :mod:`streamlb._migration`).
 
-The coordinator switches routers to a new table (:meth:`EpochParticipant.set_table`), tells
-owners ahead what an epoch moves (``prepare``, ``arm``, ``abort``, ``forget``), waits for it
-(``wait_epoch``), pauses the sources for the pause-and-resume baseline and checks that
-nothing is left in flight (``idle``). Each call is one step of the instance's
-:class:`~streamlb._worker._owner.OwnerSide` or of a router.
+The coordinator sends an instance the typed calls of :mod:`._commands`: it switches routers
+to a new table (:class:`~._commands.SetTable`), tells owners ahead what an epoch moves
+(``Prepare``, ``Arm``, ``Abort``, ``Forget``), waits for it (``WaitEpoch``), pauses the
+sources for the pause-and-resume baseline and checks that nothing is left in flight
+(``Idle``). :class:`EpochParticipant` carries each out as one step of the instance's
+:class:`~streamlb._worker._owner.OwnerSide`, of a router or of the source.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..exceptions import StreamlbError
-from ..routing import RoutingTable
+from ._commands import (Abort, Arm, Command, Epochs, FetchKeys, Forget, GroupKeys, Idle, Pause, Prepare, Resume,
+                        SetTable, WaitEpoch)
+from ._owner import OwnerSide
 
 # statuses of an instance that takes part in nothing any more
 ENDED = ("done", "failed", "stopped")
 
 
 class EpochParticipant:
-    """Mixed into :class:`~streamlb._worker._instance.Instance`."""
+    """What an instance does with each epoch command; held by the
+    :class:`~streamlb._worker._instance.Instance`, which hands it every ``command``.
 
-    async def set_table(self, target: int, table: RoutingTable, prefetch: dict | None = None,
-                        flush: bool = False) -> float:
-        """Router: switch to ``table`` (markers follow); ``flush``: a source sends what is due."""
-        switched, marked = await self.exchanges[target].set_table(table, prefetch)
-        if flush and marked and self.source is not None:
+    ``owner``: the owner side; ``watermarks``: frozen while an epoch moves groups;
+    ``exchanges``: the instance's routers by target stage (filled when it connects);
+    ``source``: its source, if it is one; ``inbox``: its data lane; ``store``: its keyed
+    state (or None); ``wake``: wakes its process loop; ``label``: its name in errors;
+    ``lifecycle()``: its status as the driver sees it and whether its input ended.
+    """
+
+    def __init__(self, owner: OwnerSide, watermarks, exchanges: dict, source, inbox, store, *,
+                 wake: Callable[[], None], label: str, lifecycle: Callable[[], tuple[str, bool]]) -> None:
+        self.owner, self.watermarks, self.exchanges, self.source = owner, watermarks, exchanges, source
+        self.inbox, self.store, self.wake, self.label, self.lifecycle = inbox, store, wake, label, lifecycle
+
+    async def handle(self, cmd: Command):
+        """Carry out ``cmd``; what it answers (see each command)."""
+        match cmd:
+            case SetTable():
+                return await self.set_table(cmd)
+            case Prepare():
+                return self.prepare(cmd)
+            case Arm(epoch=epoch):
+                self.owner.arm(epoch)
+                self.wake()
+            case Abort(epoch=epoch):
+                self.owner.abort(epoch)
+                await self.watermarks.thaw(epoch)
+                self.wake()         # a finishing owner may have been waiting only for this epoch
+            case Forget():
+                return await self.forget(cmd)
+            case WaitEpoch(epoch=epoch, wait=wait):
+                await self.owner.wait_done(epoch, wait)
+                return self.epochs()
+            case Epochs():
+                return self.epochs()
+            case FetchKeys():
+                await self.owner.fetch_keys(cmd.epoch, cmd.dest, cmd.keys, cmd.groups, cmd.router, cmd.request)
+            case GroupKeys(groups=groups):     # on the loop, where the store changes
+                return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
+            case Pause():
+                self.source.gate.clear()
+            case Resume():
+                self.source.gate.set()
+            case Idle():
+                return self.idle()
+            case _:
+                raise StreamlbError(f"instance {self.label} got an unknown command {type(cmd).__name__}")
+        return None
+
+    async def set_table(self, cmd: SetTable) -> float:
+        """Router: switch to the table (markers follow); a flushing source sends what is due."""
+        switched, marked = await self.exchanges[cmd.target].set_table(cmd.table, cmd.prefetch)
+        if cmd.flush and marked and self.source is not None:
             self.source.flush_due.set()
         return switched
 
-    async def fetch_keys(self, epoch: int, dest: int, keys, groups, router: int, request: int) -> None:
-        await self.owner.fetch_keys(epoch, dest, keys, groups, router, request)
+    def prepare(self, cmd: Prepare) -> None:
+        """Be told ahead what the epoch moves here (see ``OwnerSide.prepare``)."""
+        status, finishing = self.lifecycle()
+        if finishing or status in ENDED:
+            state = status if status != "running" else "finishing"
+            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {cmd.epoch}")
+        self.owner.prepare(cmd.epoch, cmd.strategy, cmd.outgoing, cmd.incoming, cmd.flush, cmd.armed)
+        if cmd.outgoing or cmd.incoming:
+            self.watermarks.freeze(cmd.epoch)
 
-    async def prepare(self, epoch: int, strategy: str, outgoing: dict[int, list[int]],
-                      incoming: dict[int, int], flush: list[int] = (), armed: bool = True) -> None:
-        """Be told ahead what ``epoch`` moves here (see ``OwnerSide.prepare``)."""
-        if self.finishing or self.status in ENDED:
-            state = self.status if self.status != "running" else "finishing"
-            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {epoch}")
-        self.owner.prepare(epoch, strategy, outgoing, incoming, flush, armed)
-        if outgoing or incoming:
-            self.watermarks.freeze(epoch)
-
-    async def arm(self, epoch: int) -> None:
-        """Every owner accepted ``epoch``: give its groups once aligned (``OwnerSide.arm``)."""
-        self.owner.arm(epoch)
-        self._wake.set()
-
-    async def abort(self, epoch: int) -> None:
-        """Forget epoch ``epoch`` before any router switched to it (a prepare failed)."""
-        self.owner.abort(epoch)
-        await self.watermarks.thaw(epoch)
-        self._wake.set()        # a finishing owner may have been waiting only for this epoch
-
-    async def forget(self, epoch: int, target: int | None = None) -> None:
-        """``epoch`` is recorded: drop it as an owner or, with ``target``, as that stage's router."""
-        if target is None:
-            self.owner.forget(epoch)
-            await self.watermarks.thaw(epoch)
+    async def forget(self, cmd: Forget) -> None:
+        """The epoch is recorded: drop it as an owner or, with a target, as that stage's router."""
+        if cmd.target is None:
+            self.owner.forget(cmd.epoch)
+            await self.watermarks.thaw(cmd.epoch)
         else:
-            self.exchanges[target].forget(epoch)
+            self.exchanges[cmd.target].forget(cmd.epoch)
 
-    async def wait_epoch(self, epoch: int, wait: float) -> dict:
-        """:meth:`epochs`, once ``epoch`` is done here or after ``wait`` seconds."""
-        await self.owner.wait_done(epoch, wait)
-        return await self.epochs()
+    def epochs(self) -> dict:
+        status, finishing = self.lifecycle()
+        return {**self.owner.status(), "status": status, "finishing": finishing}
 
-    async def epochs(self) -> dict:
-        return {**self.owner.status(), "status": self.status, "finishing": self.finishing}
-
-    async def pause(self) -> None:      # the pause-and-resume baseline: sources hold back
-        self.source.gate.clear()
-
-    async def resume(self) -> None:
-        self.source.gate.set()
-
-    async def idle(self) -> bool:
+    def idle(self) -> bool:
         """Nothing queued, held or in flight from this instance."""
         return not self.inbox and not self.owner.held and not any(x.in_flight() for x in self.exchanges.values())
-
-    def release_deferred(self) -> None:
-        """Rows (and sibling messages) that waited for a marker or a checkpoint go first again;
-        those of senders still held wait again, in order."""
-        if self.deferred:
-            self.inbox.ready.extendleft(reversed(self.deferred))
-            self.deferred.clear()
-        if self.ctl_deferred:
-            self.ctl.ready.extendleft(reversed(self.ctl_deferred))
-            self.ctl_deferred.clear()
-        self._wake.set()

@@ -27,6 +27,7 @@ from ..routing import RoutingTable
 from ._channels import OutChannel
 from .._state._partials import RECORDS
 from ._combine import Combiner
+from ._commands import FetchKeys
 from ._messages import Batch, Checkpoint, EndOfStream, ExchangeSpec, Marker, Watermark
 from .._sinks import DeadLetters
 from ._steps import call_user
@@ -294,7 +295,7 @@ class KeyedRouter(_Exchange):
                 # the owners know this router by its sender id there (input slot and index),
                 # as its batches' ``need`` is judged: two inputs' routers must not share one
                 ch = self.chans[src]
-                self.spawn(ch.peer.call("fetch_keys", pf.epoch, to, k, g, ch.sender, request))
+                self.spawn(ch.peer.call("command", FetchKeys(pf.epoch, to, k, g, ch.sender, request)))
         if self.counts is not None:
             # the balancer's load per key group is counted here, where groups are known, and
             # the records sent to each instance by the table in force for each batch
