@@ -543,8 +543,5 @@ class Instance:
     def state_size(self) -> int:
         return self.reads.state_size()
 
-    async def group_keys(self, groups: list[int]) -> list[int]:
-        return self.reads.group_keys(groups)
-
     async def state(self, groups: list[int] | None = None) -> pd.DataFrame:
         return await self.reads.state(groups)

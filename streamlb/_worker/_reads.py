@@ -52,10 +52,6 @@ class Reads:
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0
 
-    def group_keys(self, groups: list[int]) -> list[int]:
-        """Keys held here of each of ``groups``."""
-        return self.store.keys_per_group(groups).tolist() if self.store is not None else [0] * len(groups)
-
     async def state(self, groups: list[int] | None = None) -> pd.DataFrame:
         """The keyed state held here (of key groups ``groups``, an aggregate's), once no
         merging lazy move is half done (no key counted twice)."""
