@@ -260,7 +260,7 @@ class CheckpointSide:
         """A source: put checkpoint ``cid``'s barrier out between the next two batches (at
         once if the source has ended: its end aligns the instances downstream)."""
         src, life = self.source, self.life
-        if src.exhausted or life.status != "running":
+        if src.exhausted or not life.phase.live:
             position = {**src.position(), "ended": True, "records_out": self.counts.records_out,
                         "started_at": life.started_at, "finished_at": life.finished_at,
                         "offsets": dict(src.offsets)}

@@ -47,6 +47,11 @@ class Phase(enum.Enum):
         return "running" if self in _ENDING else self.value
 
     @property
+    def live(self) -> bool:
+        """Started and not ended yet: what the driver sees as ``running``."""
+        return self is Phase.RUNNING or self in _ENDING
+
+    @property
     def inputs_ended(self) -> bool:
         """Every input ended (a source's: its stream ended), whether or not it is done yet."""
         return self in (Phase.FINISHING, Phase.CLOSING, Phase.DRAINING, Phase.DONE)

@@ -57,6 +57,5 @@ class Reads:
         merging lazy move is half done (no key counted twice)."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
-        await self.owner.merged(config.seconds("migration.timeout"),
-                                lambda: self.life.phase.status == "running")
+        await self.owner.merged(config.seconds("migration.timeout"), lambda: self.life.phase.live)
         return self.store.frame() if groups is None else self.store.frame_of_groups(groups)

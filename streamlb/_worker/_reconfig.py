@@ -60,7 +60,7 @@ class Handover:
             if life.phase is Phase.DONE:   # it ended: the replacement only keeps its figures
                 return {"ended": True, "records_out": self.counts.records_out, "started_at": life.started_at,
                         "finished_at": life.finished_at, "offsets": dict(src.offsets)}
-            if life.status != "running":
+            if not life.phase.live:
                 raise StreamlbError(f"source {self.label} is {life.status}; it cannot hand its stream over")
             if time.time() > deadline:
                 src.handing_over.set()
