@@ -324,7 +324,7 @@ class Lifecycle:
 
     def _settle(self, running: list, interval: float) -> None:
         """Wait ``interval`` between polls, less if one of the ``running`` instances ends
-        meanwhile (each waits for that on its worker, see ``Readable.settled``): the job is
+        meanwhile (each waits for that on its worker, see ``Instance.settled``): the job is
         seen done when its last instance ends. Outside the topology lock, so a rescale or a
         recovery from another thread gets it between polls."""
         t0 = time.monotonic()
@@ -339,7 +339,7 @@ class Lifecycle:
 
     def _hold(self, running: list, interval: float) -> list:
         """Ask each of the ``running`` instances for its status once it ends, or after
-        ``interval`` (``Readable.settled``); the answers to come."""
+        ``interval`` (``Instance.settled``); the answers to come."""
         futs = []
         for a in [a for k in running if (a := self.job.actors.get(k)) is not None]:
             try:
