@@ -11,6 +11,7 @@ from streamlb.routing import RoutingTable
 from streamlb._worker._commands import (Abort, Arm, Command, Epochs, FetchKeys, Forget, GroupKeys, Idle, Pause,
                                         Prepare, Resume, SetTable, WaitEpoch)
 from streamlb._worker._epochs import EpochParticipant
+from streamlb._worker._lifecycle import Lifecycle, Phase
 
 
 class _Owner:
@@ -77,10 +78,12 @@ class _Store:
         return np.array([10 * g for g in groups])
 
 
-def _participant(status="running", finishing=False):
+def _participant(phase=Phase.RUNNING, finishing=False):
     wakes = []
-    part = EpochParticipant(_Owner(), _Watermarks(), {7: _Router()}, _Source(), [], _Store(),
-                            wake=lambda: wakes.append(1), label="agg[0]", lifecycle=lambda: (status, finishing))
+    life = Lifecycle("agg[0]")
+    life.phase = phase
+    part = EpochParticipant(_Owner(), _Watermarks(), {7: _Router()}, _Source(), [], _Store(), life=life,
+                            finishing=lambda: finishing, wake=lambda: wakes.append(1))
     return part, wakes
 
 
@@ -119,10 +122,10 @@ def test_each_command_reaches_its_step_and_answers_what_the_rpc_did():
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("status, finishing, said", [("running", True, "finishing"), ("done", False, "done"),
-                                                     ("stopped", False, "stopped")])
-def test_an_instance_that_ended_refuses_to_prepare(status, finishing, said):
-    part, _ = _participant(status, finishing)
+@pytest.mark.parametrize("phase, finishing, said", [(Phase.FINISHING, True, "finishing"), (Phase.DONE, True, "done"),
+                                                    (Phase.STOPPED, False, "stopped")])
+def test_an_instance_that_ended_refuses_to_prepare(phase, finishing, said):
+    part, _ = _participant(phase, finishing)
     with pytest.raises(StreamlbError, match=f"instance agg\\[0\\] is {said}; it cannot take part in epoch 9"):
         asyncio.run(part.handle(Prepare(9, "fluid", {}, {2: 1})))
     assert part.owner.calls == []

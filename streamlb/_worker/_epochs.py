@@ -14,10 +14,11 @@ from collections.abc import Callable
 from ..exceptions import StreamlbError
 from ._commands import (Abort, Arm, Command, Epochs, FetchKeys, Forget, GroupKeys, Idle, Pause, Prepare, Resume,
                         SetTable, WaitEpoch)
+from ._lifecycle import Lifecycle, Phase
 from ._owner import OwnerSide
 
-# statuses of an instance that takes part in nothing any more
-ENDED = ("done", "failed", "stopped")
+# phases of an instance that takes part in nothing any more
+ENDED = (Phase.DONE, Phase.FAILED, Phase.STOPPED)
 
 
 class EpochParticipant:
@@ -27,14 +28,14 @@ class EpochParticipant:
     ``owner``: the owner side; ``watermarks``: frozen while an epoch moves groups;
     ``exchanges``: the instance's routers by target stage (filled when it connects);
     ``source``: its source, if it is one; ``inbox``: its data lane; ``store``: its keyed
-    state (or None); ``wake``: wakes its process loop; ``label``: its name in errors;
-    ``lifecycle()``: its status as the driver sees it and whether its input ended.
+    state (or None); ``life``: its lifecycle (its phase, its name in errors);
+    ``finishing()``: whether its input ended; ``wake``: wakes its process loop.
     """
 
-    def __init__(self, owner: OwnerSide, watermarks, exchanges: dict, source, inbox, store, *,
-                 wake: Callable[[], None], label: str, lifecycle: Callable[[], tuple[str, bool]]) -> None:
+    def __init__(self, owner: OwnerSide, watermarks, exchanges: dict, source, inbox, store, *, life: Lifecycle,
+                 finishing: Callable[[], bool], wake: Callable[[], None]) -> None:
         self.owner, self.watermarks, self.exchanges, self.source = owner, watermarks, exchanges, source
-        self.inbox, self.store, self.wake, self.label, self.lifecycle = inbox, store, wake, label, lifecycle
+        self.inbox, self.store, self.life, self.finishing, self.wake = inbox, store, life, finishing, wake
 
     async def handle(self, cmd: Command):
         """Carry out ``cmd``; what it answers (see each command)."""
@@ -68,7 +69,7 @@ class EpochParticipant:
             case Idle():
                 return self.idle()
             case _:
-                raise StreamlbError(f"instance {self.label} got an unknown command {type(cmd).__name__}")
+                raise StreamlbError(f"instance {self.life.label} got an unknown command {type(cmd).__name__}")
         return None
 
     async def set_table(self, cmd: SetTable) -> float:
@@ -80,10 +81,10 @@ class EpochParticipant:
 
     def prepare(self, cmd: Prepare) -> None:
         """Be told ahead what the epoch moves here (see ``OwnerSide.prepare``)."""
-        status, finishing = self.lifecycle()
-        if finishing or status in ENDED:
-            state = status if status != "running" else "finishing"
-            raise StreamlbError(f"instance {self.label} is {state}; it cannot take part in epoch {cmd.epoch}")
+        phase = self.life.phase
+        if self.finishing() or phase in ENDED:
+            state = phase.value if phase in ENDED else "finishing"
+            raise StreamlbError(f"instance {self.life.label} is {state}; it cannot take part in epoch {cmd.epoch}")
         self.owner.prepare(cmd.epoch, cmd.strategy, cmd.outgoing, cmd.incoming, cmd.flush, cmd.armed)
         if cmd.outgoing or cmd.incoming:
             self.watermarks.freeze(cmd.epoch)
@@ -97,8 +98,7 @@ class EpochParticipant:
             self.exchanges[cmd.target].forget(cmd.epoch)
 
     def epochs(self) -> dict:
-        status, finishing = self.lifecycle()
-        return {**self.owner.status(), "status": status, "finishing": finishing}
+        return {**self.owner.status(), "status": self.life.status, "finishing": self.finishing()}
 
     def idle(self) -> bool:
         """Nothing queued, held or in flight from this instance."""

@@ -103,8 +103,8 @@ class Instance:
         self.slots: dict[int, int] = {}
         # the epoch protocol's commands (see command)
         self.participant = EpochParticipant(self.owner, self.watermarks, self.exchanges, self.source, self.inbox,
-                                            self.store, wake=self._wake.set, label=self.label,
-                                            lifecycle=lambda: (self.status, self.finishing))
+                                            self.store, life=self.life, finishing=lambda: self.finishing,
+                                            wake=self._wake.set)
         self.blocked: set[int] = set()          # senders past an update's marker
         self.deferred: collections.deque = collections.deque()
         self.ctl_deferred: collections.deque = collections.deque()   # siblings past a checkpoint
