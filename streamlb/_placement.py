@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Iterable
 
@@ -129,16 +128,19 @@ def combine_for(st: Stage):
     unless ``exchange.combine`` is off: for a keyed aggregate without emulated cost, its
     partial tables; for a tumbling or hopping window aggregate without a late stream, a
     :class:`~streamlb._worker._combine.PaneCombine` (per key and pane)."""
+    from ._state._window_assigners import assigner_of
     from ._worker._combine import PaneCombine, tables_for
 
     if st.exchange != "keyed" or st.cost is not None or not config.get("exchange.combine"):
         return None
     if st.kind == "aggregate":
         return tables_for(st.spec)
-    w = st.window
-    if st.kind != "window" or st.join is not None or w["mode"] != "aggregate" or w["kind"] == "session" or st.late:
+    if st.kind != "window" or st.join is not None or st.window["mode"] != "aggregate" or st.late:
         return None
-    return PaneCombine(tables_for(st.spec), w["column"], w["unit"], math.gcd(w["size"], w["slide"]))
+    w, assigner = st.window, assigner_of(st.window)
+    if assigner.merging:        # a row's session is known only once merged at its owner
+        return None
+    return PaneCombine(tables_for(st.spec), w["column"], w["unit"], assigner.pane)
 
 
 def rows_only(exchanges: dict) -> dict:

@@ -74,9 +74,12 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
     if stage.kind == "stateful_map":
         return StatefulMapState(stage.name, stage.func, stage.key_name, key_groups)
     if stage.kind == "window":
+        from ._window_assigners import assigner_of
         from ._windows import WindowState
 
-        if stage.window["mode"] == "aggregate" and stage.window["kind"] != "session":
+        # an aggregate's windows as numpy tables: whole panes for fixed windows, one table of
+        # sessions for merging ones; apply keeps per key what the window's kind keeps
+        if stage.window["mode"] == "aggregate" and not assigner_of(stage.window).merging:
             from ._window_panes import PaneWindowState
 
             return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)

@@ -27,7 +27,7 @@ from ._joins import KEY, SIDE
 from ._stateful_map import _key_array
 from ._window_join import JoinRows, Slice
 from ._window_panes import PaneClock
-from ._windows import Floor, WindowState, _floordiv
+from ._windows import Floor, WindowState
 
 #: a pane's side holding more parts than this has them joined into one
 COMPACT = 8
@@ -102,7 +102,7 @@ class PaneJoinState(PaneClock, WindowState):
                 self._by_pane(side, frame.take(sel), groups[sel], times[sel])
 
     def _by_pane(self, side: int, frame, groups, times) -> None:
-        panes = _floordiv(times, self.pane)
+        panes = self.assigner.bucket(times)
         if (panes == panes[0]).all():
             return self._part(int(panes[0]), side, frame, groups)
         order = np.argsort(panes, kind="stable")
@@ -267,7 +267,7 @@ class PaneJoinState(PaneClock, WindowState):
         """The windows still open: per key and window, the rows (both sides) it holds."""
         parts = []
         for end, done in sorted(self.fired.items()):
-            start = end - self.size
+            start = self.assigner.start_of(end)
             sides = [self._side(start, end, s, None if not done.any() else ~done) for s in (0, 1)]
             keys = [r[KEY] for r in sides if r is not None]
             if keys:

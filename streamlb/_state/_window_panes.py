@@ -24,7 +24,7 @@ from .._time import from_ns
 from ._aggregate import AggregateState
 from ._partials import RECORDS, blob_part, partials_of
 from ._stateful_map import _key_array
-from ._windows import Floor, WindowState, _floordiv
+from ._windows import Floor, WindowState
 
 
 class PaneClock:
@@ -36,23 +36,18 @@ class PaneClock:
 
     def _open_pane(self, p: int) -> None:
         """Pane ``p`` opens: the windows it is in are tracked."""
-        s = (p // self.slide) * self.slide
-        while s + self.size > p:
-            self._track(s + self.size, self.fired_to >= s + self.size)
-            s -= self.slide
+        for _, end in self.assigner.windows_of_pane(p):
+            self._track(end, self.fired_to >= end)
 
     def _due_from(self, p: int, groups: np.ndarray, floors: dict) -> None:
         """State of ``groups`` installed in pane ``p``: its windows that had not fired where
         it comes from (by the ``floors`` it came with) are due here."""
         gs = np.unique(groups)
-        s = (p // self.slide) * self.slide
-        while s + self.size > p:
-            end = s + self.size
+        for _, end in self.assigner.windows_of_pane(p):
             was = np.array([end <= floors.get(g, self.fired_to[g]) for g in gs.tolist()], bool)
             if end not in self.fired:
                 self._track(end, self.fired_to >= end)
             self.fired[end][gs] = was
-            s -= self.slide
 
     def _track(self, end: int, fired: np.ndarray) -> None:
         """Window ``end`` exists; ``fired``: the key groups it counts as fired for."""
@@ -70,7 +65,7 @@ class PaneClock:
             done = self.fired[end]
             ready = ~done & (self.fired_to >= end) & ~self.held     # moving groups wait (see _pop)
             if ready.any():
-                frame = self._window(end - self.size, end, None if ready.all() else ready)
+                frame = self._window(self.assigner.start_of(end), end, None if ready.all() else ready)
                 if frame is not None:
                     out.append(frame)
                 done |= ready
@@ -103,7 +98,7 @@ class PaneClock:
         if self.held.any():
             return      # a moving group's windows wait to fire (see advance): so do their panes
         low = int(self.fired_to.min())
-        for p in [p for p in self.panes if (p // self.slide) * self.slide + self.size + self.lateness <= low]:
+        for p in [p for p in self.panes if self.assigner.last_end(p) + self.lateness <= low]:
             del self.panes[p]
 
     def rows(self, fired: list) -> pd.DataFrame | None:
@@ -174,7 +169,7 @@ class PaneWindowState(PaneClock, WindowState):
         """Cut the batch by pane (sorted once, each pane a slice) and apply each part; a
         batch a router combined per key and pane is merged as partial aggregates."""
         self.mark_dirty(groups)
-        panes = _floordiv(times, self.pane)
+        panes = self.assigner.bucket(times)
         if RECORDS in frame.columns:
             first = self._pane(int(panes[0]))
             tables, dtypes = partials_of(frame, first.inputs, first.dtypes)
@@ -263,7 +258,7 @@ class PaneWindowState(PaneClock, WindowState):
         if taken is None:
             return late, None
         sub, _, groups, times = taken
-        panes = _floordiv(times, self.pane)
+        panes = self.assigner.bucket(times)
         tmp = self._new_state()
         blob = {}
         for p in np.unique(panes).tolist():
@@ -274,14 +269,11 @@ class PaneWindowState(PaneClock, WindowState):
     def combine(self, blob: dict) -> None:
         for p, part in blob["panes"].items():
             self._pane(p).combine(part)
-            s = (p // self.slide) * self.slide
-            while s + self.size > p:
-                end = s + self.size
+            for s, end in self.assigner.windows_of_pane(p):
                 for piece in part["parts"]:
                     thr = self.fired_to[piece["key_groups"]]
                     again = (end <= thr) & (thr < end + self.lateness)
                     self.refire.update((k, s, end) for k in piece["keys"][again].tolist())
-                s -= self.slide
 
     # -- migration and checkpoints: blobs per key, as WindowState's ------------------------------
     def _per_key(self, groups, take: bool) -> dict:
@@ -393,7 +385,7 @@ class PaneWindowState(PaneClock, WindowState):
         return kinds[0] if kinds else None
 
     def frame(self, touched=None) -> pd.DataFrame:
-        parts = [self._window(end - self.size, end, None if not done.any() else ~done)
+        parts = [self._window(self.assigner.start_of(end), end, None if not done.any() else ~done)
                  for end, done in sorted(self.fired.items())]
         parts = [p for p in parts if p is not None]
         if parts:

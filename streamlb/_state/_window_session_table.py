@@ -12,9 +12,10 @@ running maximum of its key's last event times), and a run's aggregates are ``red
 sums, minima and maxima. Firing and expiring are masks over the table. Per record, the work
 stays in numpy, as for the pane store (:mod:`._window_panes`).
 
-What a session is, when it fires, what is late, and how state moves are
-:class:`~._windows.WindowState`'s (:mod:`._window_sessions`), which this store extends for
-``window(gap=...).aggregate(...)``; ``apply`` keeps the per-key store. Blobs, for migration
+How far a session reaches is its assigner's (:class:`~._window_assigners.SessionWindows`);
+what is late and how state moves are :class:`~._windows.WindowState`'s, which this store
+extends for ``window(gap=...).aggregate(...)``; ``apply`` keeps the per-key store
+(:class:`~._windows.KeyedSessions`). Blobs, for migration
 and checkpoints, are the same as ``WindowState``'s: per key, its sessions as
 ``[start, last, payload, fired, closed]`` sorted by start (a payload is
 ``[count, sum, min, max]`` per input column, None for a tombstone), plus a
@@ -74,7 +75,7 @@ class SessionWindowState(WindowState):
         else:
             self.t = {c: np.concatenate((v, rows[c])) for c, v in self.t.items()}
 
-    # -- data: lateness and the late rows are WindowState's (update, _session_late) ----------
+    # -- data: lateness and the late rows are WindowState's (update, _late) -------------------
     def _apply(self, frame, keys, groups, times) -> None:
         self.mark_dirty(np.unique(groups))
         self._merge(self._records(frame, keys, groups, times))
@@ -91,13 +92,14 @@ class SessionWindowState(WindowState):
         rec = pd.DataFrame({"r": cand, "k": keys[cand], "t": times[cand]})
         tomb = pd.DataFrame({"k": t["key"][closed], "s0": t["start"][closed], "s1": t["last"][closed]})
         m = rec.merge(tomb, on="k")
-        m = m[(m.s0 - self.gap <= m.t) & (m.t <= m.s1 + self.gap)]
+        gap = self.assigner.gap
+        m = m[(m.s0 - gap <= m.t) & (m.t <= m.s1 + gap)]
         if not len(m):
             return
         m = m.sort_values(["r", "s0"]).drop_duplicates("r")
         r = m.r.to_numpy()
         late[r] = True
-        late_rows.append((r, m.s0.to_numpy(), m.s1.to_numpy() + self.gap, thr[r]))
+        late_rows.append((r, m.s0.to_numpy(), self.assigner.end_of(m.s1.to_numpy()), thr[r]))
 
     def _records(self, frame, keys, groups, times) -> dict:
         """A batch as one-record sessions (``rec``: they come from records)."""
@@ -133,7 +135,7 @@ class SessionWindowState(WindowState):
         rows = {c: v[order] for c, v in rows.items()}
         reach = pd.Series(rows["last"]).groupby(codes, sort=False).cummax().to_numpy()
         brk = np.ones(len(codes), bool)
-        brk[1:] = (codes[1:] != codes[:-1]) | (rows["start"][1:] > reach[:-1] + self.gap)
+        brk[1:] = (codes[1:] != codes[:-1]) | (rows["start"][1:] > self.assigner.end_of(reach[:-1]))
         heads = np.flatnonzero(brk)
         new = {"key": rows["key"][heads], "group": rows["group"][heads], "start": rows["start"][heads],
                "last": np.maximum.reduceat(rows["last"], heads), "closed": np.zeros(len(heads), bool)}
@@ -143,14 +145,14 @@ class SessionWindowState(WindowState):
         fired = np.logical_or.reduceat(rows["fired"], heads)
         # a fired session that grew past its group's watermark fires again when that passes
         # it; one that took a late record within its lateness fires again at once
-        fired &= new["last"] + self.gap <= self.fired_to[new["group"]]
+        fired &= self.assigner.end_of(new["last"]) <= self.fired_to[new["group"]]
         new["fired"] = fired
         new["again"] = fired & (np.logical_or.reduceat(rows["again"], heads) | np.logical_or.reduceat(rec, heads))
         self._add(new)
         if new["again"].any():
             a = np.flatnonzero(new["again"])
             self.refire.update(zip(new["key"][a].tolist(), new["start"][a].tolist(),
-                                   (new["last"][a] + self.gap).tolist()))
+                                   self.assigner.end_of(new["last"][a]).tolist()))
 
     # -- firing -------------------------------------------------------------------------------
     def advance(self, watermark: int) -> list:
@@ -162,7 +164,7 @@ class SessionWindowState(WindowState):
         ft = self.fired_to[t["group"]]
         free = ~self.held[t["group"]]
         out = []
-        due = ~t["fired"] & ~t["closed"] & (t["last"] + self.gap <= ft) & free
+        due = ~t["fired"] & ~t["closed"] & (self.assigner.end_of(t["last"]) <= ft) & free
         for mask in (due, t["again"] & ~t["closed"]):
             if mask.any():
                 self.mark_dirty(np.unique(t["group"][mask]))
@@ -172,8 +174,8 @@ class SessionWindowState(WindowState):
         # fired sessions past lateness become tombstones, and go once a record that could
         # join them is late anyway (``gap`` further on); a moving group's wait (see advance)
         limit = ft - self.lateness
-        past = t["fired"] & free & (t["last"] + self.gap <= limit)
-        drop = past & (t["last"] + 2 * self.gap <= limit)
+        past = t["fired"] & free & (self.assigner.end_of(t["last"]) <= limit)
+        drop = past & (t["last"] + 2 * self.assigner.gap <= limit)
         changed = (past & ~t["closed"]) | drop
         if changed.any():
             self.mark_dirty(np.unique(t["group"][changed]))
@@ -190,7 +192,8 @@ class SessionWindowState(WindowState):
         keys = t["key"][idx]
         tt = self.time_type
         out = {self.key_name: _key_array(keys.tolist()) if keys.dtype == object else keys,
-               "window_start": from_ns(t["start"][idx], tt), "window_end": from_ns(t["last"][idx] + self.gap, tt)}
+               "window_start": from_ns(t["start"][idx], tt),
+               "window_end": from_ns(self.assigner.end_of(t["last"][idx]), tt)}
         for name, (c, how) in self.spec.items():
             cnt = t[("cnt", c)][idx]
             if how == "count":

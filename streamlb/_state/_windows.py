@@ -1,10 +1,13 @@
 """Window state: per key, open panes (tumbling, hopping) or sessions, in key groups.
 
-Tumbling and hopping windows keep *panes* of ``gcd(size, slide)``: a record goes into one
-pane, and a window, when it fires, combines the panes it spans, so a hopping window never
-copies a record into each of its windows. Sessions are kept per key as
-``[start, last, payload, fired]``, merged as records join them. A payload is the pane's or
-session's partial aggregates, or its rows (:mod:`._window_payload`).
+What a window kind means for time is its assigner's (:mod:`._window_assigners`), which
+every window store asks. Fixed windows (tumbling, hopping) keep *panes* of
+``gcd(size, slide)``: a record goes into one pane, and a window, when it fires, combines the
+panes it spans, so a hopping window never copies a record into each of its windows
+(:class:`KeyedPanes`). Merging windows (sessions) are kept per key as
+``[start, last, payload, fired, closed]``, merged as records join them
+(:class:`KeyedSessions`). A payload is the pane's or session's partial aggregates, or its
+rows (:mod:`._window_payload`).
 
 Each key group has ``fired_to``: the watermark up to which its windows have fired. A window
 ending at or before it has fired; a record all of whose windows end ``lateness`` or more
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,7 @@ from ._base import StateStore
 from ._index import first_rows
 from ._keydict import KeyDict
 from ._stateful_map import _key_array
+from ._window_assigners import assigner_of
 from ._window_payload import Accumulators, Rows
 from ._window_sessions import Sessions
 
@@ -43,24 +46,29 @@ class Floor:
     group: int
 
 
-def _floordiv(t: np.ndarray, step: int) -> np.ndarray:
-    return (t // step) * step
-
-
-class WindowState(Sessions, KeyDict, StateStore):
+class WindowState(KeyDict, StateStore):
     """Open windows of one window operator instance.
 
     ``window``: the stage's window (kind, size, slide, gap, lateness in nanoseconds, mode
-    ``aggregate`` or ``apply``). ``spec`` for an aggregate, ``func`` for apply.
+    ``aggregate`` or ``apply``). ``spec`` for an aggregate, ``func`` for apply. What time
+    means (buckets, the windows a row or pane is in, when they end) is the window's
+    assigner's (:mod:`._window_assigners`); this class holds what every store shares
+    (``fired_to``, holds, lateness, blobs). Built as such, it keeps per key the panes of
+    fixed windows or the sessions of merging ones (:class:`KeyedPanes`,
+    :class:`KeyedSessions`, chosen by the assigner).
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is WindowState:          # the per-key store of the window's kind
+            window = kwargs["window"] if "window" in kwargs else args[1]
+            cls = KeyedSessions if assigner_of(window).merging else KeyedPanes
+        return super().__new__(cls)
 
     def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None,
                  payload=None) -> None:
         self.operator, self.key_name, self.groups = operator, key_name, key_groups
-        self.kind = window["kind"]
-        self.size, self.slide, self.gap = window["size"], window["slide"], window["gap"]
+        self.assigner = assigner_of(window)
         self.lateness = window["lateness"]
-        self.pane = math.gcd(self.size, self.slide) if self.kind != "session" else 0
         self.payload = payload or (Accumulators(operator, spec) if window["mode"] == "aggregate"
                                    else Rows(operator, func))
         self.keys: dict = {}                 # key -> {pane start: payload} or [session, ...]
@@ -92,12 +100,9 @@ class WindowState(Sessions, KeyDict, StateStore):
         if groups is None:
             groups = assign_to_key_group(keys, self.groups, name=self.key_name) if len(keys) else np.zeros(0, np.int64)
         groups = np.asarray(groups, np.int64)
-        thr = self.fired_to[groups]
-        if self.kind == "session":
-            late_rows, late = self._session_late(times, thr, keys)
-            applied = ~late
-        else:
-            late_rows, applied = self._pane_late(times, thr, keys, refire=True)
+        # a record late for a fixed window that fired within lateness fires it again; a
+        # merging window fires again when the merge says so
+        late_rows, applied = self._late(times, self.fired_to[groups], keys, refire=not self.assigner.merging)
         if applied.any():
             idx = np.flatnonzero(applied) if not applied.all() else None
             sub = frame if idx is None else frame.take(idx)
@@ -116,16 +121,13 @@ class WindowState(Sessions, KeyDict, StateStore):
         return out.assign(window_start=from_ns(np.concatenate(starts), tt),
                           window_end=from_ns(np.concatenate(ends), tt), watermark=from_ns(np.concatenate(marks), tt))
 
-    def _windows_of(self, times: np.ndarray):
-        """``(start, end, valid)`` arrays of each window a row is in (tumbling, hopping)."""
-        s0 = _floordiv(times, self.slide)
-        for j in range(-(-self.size // self.slide)):
-            start = s0 - j * self.slide
-            yield start, start + self.size, start + self.size > times
-
-    def _pane_late(self, times, thr, keys, refire: bool):
+    def _late(self, times, thr, keys, refire: bool):
+        """``(late rows, applied)``: a record is late when every window it is in (by the
+        assigner) ended ``lateness`` or more before ``thr``, its key group's ``fired_to``,
+        or when it would join a session closed for good (:meth:`_tombstone_late`);
+        ``refire``: windows that fired and take a record within lateness fire again."""
         late_rows, applied = [], np.zeros(len(times), bool)
-        for start, end, valid in self._windows_of(times):
+        for start, end, valid in self.assigner.windows_of(times):
             missed = valid & (end + self.lateness <= thr)
             applied |= valid & ~missed
             if missed.any():
@@ -134,99 +136,32 @@ class WindowState(Sessions, KeyDict, StateStore):
             again = np.flatnonzero(valid & ~missed & (end <= thr)) if refire else ()
             if len(again):
                 self.refire.update(zip(keys[again].tolist(), start[again].tolist(), end[again].tolist()))
-        return late_rows, applied
+        late = ~applied
+        self._tombstone_late(keys, times, thr, late, late_rows)
+        return late_rows, ~late
 
-    def _apply(self, frame, keys, groups, times) -> None:
-        self.mark_dirty(groups)
-        bucket = _floordiv(times, self.pane) if self.kind != "session" else times
-        codes, uniq_keys = pd.factorize(keys, sort=False)
-        uniq_keys = uniq_keys.tolist()          # Python keys: hashable alike, and stored as such
-        if self.kind == "session":
-            return self._apply_sessions(frame, codes, uniq_keys, groups, times)
-        pair = pd.MultiIndex.from_arrays([codes, bucket])
-        pcodes, pairs = pd.factorize(pair, sort=False)
-        payloads = self.payload.build(frame, np.asarray(pcodes), len(pairs))
-        first = first_rows(pcodes, len(pairs))
-        gs = groups[first].tolist()
-        for (kc, p), g, pay in zip(pairs.tolist(), gs, payloads):
-            key = uniq_keys[kc]
-            panes = self.keys.get(key)
-            if panes is None:
-                panes = self._new_key(key, g, {})
-            old = panes.get(p)
-            if old is None:
-                panes[p] = pay
-                self._schedule_pane(key, g, p)
-            else:
-                self.payload.merge(old, pay)
-
-    # -- split keys: a helper's partial aggregates, merged at the key's home -------------------
-    def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
-        """A helper's part of a split key's rows: ``(late rows, blob)``. The rows late by
-        this instance's watermark are the late ones (the home waits for this instance's
-        watermark before it fires, see docs/windows.md); the others are aggregated per key
-        and pane, for :meth:`combine` at the home. Nothing is kept here."""
-        late, taken = self._helper_rows(frame, groups, times)
-        if taken is None:
-            return late, None
-        sub, keys, groups, times = taken
-        codes, uniq = pd.factorize(keys, sort=False)
-        pcodes, pairs = pd.factorize(pd.MultiIndex.from_arrays([codes, _floordiv(times, self.pane)]), sort=False)
-        payloads = self.payload.build(sub, np.asarray(pcodes), len(pairs))
-        first = first_rows(pcodes, len(pairs))
-        uniq = uniq.tolist()
-        return late, {"panes": [(uniq[kc], g, p, pay) for (kc, p), g, pay in
-                                zip(pairs.tolist(), groups[first].tolist(), payloads)]}
+    def _tombstone_late(self, keys, times, thr, late, late_rows: list) -> None:
+        """Records that would join a session closed for good are late (``late`` set in
+        place, their rows added to ``late_rows``): none here, where nothing is closed for
+        good (see :class:`~._window_sessions.Sessions`)."""
 
     def _helper_rows(self, frame: pd.DataFrame, groups, times):
         """A helper's rows of split keys: ``(late rows, (rows, keys, groups, times) of the
         others)``, late by this instance's watermark; the second is None if none is left."""
         keys = frame[self.key_name].to_numpy()
         groups = np.asarray(groups, np.int64)
-        late_rows, applied = self._pane_late(times, self.fired_to[groups], keys, refire=False)
+        late_rows, applied = self._late(times, self.fired_to[groups], keys, refire=False)
         late = self._late_frame(frame, late_rows)
         idx = np.flatnonzero(applied)
         if not len(idx):
             return late, None
         return late, (frame.take(idx), keys[idx], groups[idx], times[idx])
 
-    def combine(self, blob: dict) -> None:
-        """Merge a helper's partial aggregates; windows that fired already (within their
-        lateness) fire again."""
-        for key, g, p, pay in blob["panes"]:
-            self.mark_dirty([g])
-            panes = self.keys.get(key)
-            if panes is None:
-                panes = self._new_key(key, g, {})
-            if p in panes:
-                self.payload.merge(panes[p], pay)
-            else:
-                panes[p] = pay
-                self._schedule_pane(key, g, p)
-            s = (p // self.slide) * self.slide
-            while s + self.size > p:
-                if s + self.size <= self.fired_to[g] < s + self.size + self.lateness:
-                    self.refire.add((key, s, s + self.size))
-                s -= self.slide
-
     def _new_key(self, key, g: int, state):
         self.keys[key] = state
         self.group_of[key] = g
         self.by_group.setdefault(g, set()).add(key)
         return state
-
-    def _schedule_pane(self, key, g: int, p: int, fired: int | None = None) -> None:
-        """A new pane: the windows it is in that have not fired (that end after
-        ``fired``, by default the group's ``fired_to``) are due; it expires when its last
-        window is past lateness."""
-        fired = self.fired_to[g] if fired is None else fired
-        last_start = (p // self.slide) * self.slide
-        s = last_start
-        while s + self.size > p:
-            if s + self.size > fired:
-                heapq.heappush(self._due, (s + self.size, next(self._n), key))
-            s -= self.slide
-        heapq.heappush(self._expire, (last_start + self.size + self.lateness, next(self._n), key))
 
     def _raise_floor(self, watermark: int) -> None:
         """The operator's watermark is ``watermark``: ``fired_to`` follows it, but for the
@@ -275,47 +210,15 @@ class WindowState(Sessions, KeyDict, StateStore):
                 continue
             seen.add((key, end))
             self.mark_dirty([self.group_of[key]])
-            if self.kind == "session":
-                for s in self.keys[key]:
-                    if not s[3] and not s[4] and s[1] + self.gap == end:
-                        s[3] = True
-                        out.append((key, s[0], end, s[2]))
-                        heapq.heappush(self._expire, (end + self.lateness, next(self._n), key))
-            else:
-                w = self._window(key, end - self.size, end)
-                if w is not None:
-                    out.append(w)
+            out += self._fire(key, end)
         return out
-
-    def _window(self, key, start: int, end: int):
-        """``(key, start, end, payload)`` of one window of ``key`` now (None: nothing held)."""
-        state = self.keys.get(key)
-        if state is None:
-            return None
-        if self.kind == "session":
-            for s in state:
-                if s[0] == start and not s[4]:
-                    return key, start, s[1] + self.gap, s[2]
-            return None
-        parts = [pay for p, pay in state.items() if start <= p < end]
-        if not parts:
-            return None
-        acc = self.payload.copy(parts[0])
-        for pay in parts[1:]:
-            self.payload.merge(acc, pay)
-        return key, start, end, acc
 
     def _expire_due(self) -> None:
         for _, key in self._pop(self._expire):
             g = self.group_of[key]
-            limit = self.fired_to[g] - self.lateness
             state = self.keys[key]
             self.mark_dirty([g])
-            if self.kind == "session":
-                self._close_sessions(key, state, limit)
-            else:
-                for p in [p for p in state if (p // self.slide) * self.slide + self.size <= limit]:
-                    del state[p]
+            self._expire_key(key, state, self.fired_to[g] - self.lateness)
             if not state:
                 self._drop(key)
 
@@ -359,7 +262,7 @@ class WindowState(Sessions, KeyDict, StateStore):
         states = {Floor(g): int(self.fired_to[g]) for g in groups}
         order = list(groups)
         for k, g in items:
-            states[k] = self._take(k) if take else _copy_state(self.keys[k], self.payload)
+            states[k] = self._take(k) if take else self._copy(self.keys[k])
             order.append(g)
         return {"states": states, "key_groups": np.array(order, np.int64)}
 
@@ -417,17 +320,129 @@ class WindowState(Sessions, KeyDict, StateStore):
             self._install_key(k, g, state, floors.get(g, MIN_TIME))
         self.wants_fire = True
 
-    def _install_key(self, key, g: int, state, fired: int) -> None:
+    def frame(self, touched=None) -> pd.DataFrame:
+        """The windows still open (not fired), in the operator's output columns; for
+        ``apply``, each open window's ``rows`` held."""
+        open_ = []
+        for key, state in self.keys.items():
+            open_ += self._open(key, self.group_of[key], state)
+        if isinstance(self.payload, Accumulators):
+            out = self.rows(open_)
+            if out is None:
+                out = self.rows([(0, 0, 0, [0] * (4 * len(self.payload.inputs)))]).iloc[:0]
+            return out
+        tt = self.time_type
+        return pd.DataFrame({self.key_name: [w[0] for w in open_],
+                             "window_start": from_ns(np.array([w[1] for w in open_], np.int64), tt),
+                             "window_end": from_ns(np.array([w[2] for w in open_], np.int64), tt),
+                             "rows": [self.payload.size(w[3]) for w in open_]})
+
+
+class KeyedPanes(WindowState):
+    """Per key, the panes of fixed windows (tumbling, hopping): ``{pane start: payload}``.
+    A window, when it fires, combines the panes it spans."""
+
+    def _apply(self, frame, keys, groups, times) -> None:
+        self.mark_dirty(groups)
+        codes, uniq_keys = pd.factorize(keys, sort=False)
+        uniq_keys = uniq_keys.tolist()          # Python keys: hashable alike, and stored as such
+        pair = pd.MultiIndex.from_arrays([codes, self.assigner.bucket(times)])
+        pcodes, pairs = pd.factorize(pair, sort=False)
+        payloads = self.payload.build(frame, np.asarray(pcodes), len(pairs))
+        first = first_rows(pcodes, len(pairs))
+        gs = groups[first].tolist()
+        for (kc, p), g, pay in zip(pairs.tolist(), gs, payloads):
+            key = uniq_keys[kc]
+            panes = self.keys.get(key)
+            if panes is None:
+                panes = self._new_key(key, g, {})
+            old = panes.get(p)
+            if old is None:
+                panes[p] = pay
+                self._schedule_pane(key, g, p)
+            else:
+                self.payload.merge(old, pay)
+
+    # -- split keys: a helper's partial aggregates, merged at the key's home -------------------
+    def partial(self, frame: pd.DataFrame, groups: np.ndarray, times: np.ndarray):
+        """A helper's part of a split key's rows: ``(late rows, blob)``. The rows late by
+        this instance's watermark are the late ones (the home waits for this instance's
+        watermark before it fires, see docs/windows.md); the others are aggregated per key
+        and pane, for :meth:`combine` at the home. Nothing is kept here."""
+        late, taken = self._helper_rows(frame, groups, times)
+        if taken is None:
+            return late, None
+        sub, keys, groups, times = taken
+        codes, uniq = pd.factorize(keys, sort=False)
+        pcodes, pairs = pd.factorize(pd.MultiIndex.from_arrays([codes, self.assigner.bucket(times)]), sort=False)
+        payloads = self.payload.build(sub, np.asarray(pcodes), len(pairs))
+        first = first_rows(pcodes, len(pairs))
+        uniq = uniq.tolist()
+        return late, {"panes": [(uniq[kc], g, p, pay) for (kc, p), g, pay in
+                                zip(pairs.tolist(), groups[first].tolist(), payloads)]}
+
+    def combine(self, blob: dict) -> None:
+        """Merge a helper's partial aggregates; windows that fired already (within their
+        lateness) fire again."""
+        for key, g, p, pay in blob["panes"]:
+            self.mark_dirty([g])
+            panes = self.keys.get(key)
+            if panes is None:
+                panes = self._new_key(key, g, {})
+            if p in panes:
+                self.payload.merge(panes[p], pay)
+            else:
+                panes[p] = pay
+                self._schedule_pane(key, g, p)
+            for s, end in self.assigner.windows_of_pane(p):
+                if end <= self.fired_to[g] < end + self.lateness:
+                    self.refire.add((key, s, end))
+
+    def _schedule_pane(self, key, g: int, p: int, fired: int | None = None) -> None:
+        """A new pane: the windows it is in that have not fired (that end after
+        ``fired``, by default the group's ``fired_to``) are due; it expires when its last
+        window is past lateness."""
+        fired = self.fired_to[g] if fired is None else fired
+        for _, end in self.assigner.windows_of_pane(p):
+            if end > fired:
+                heapq.heappush(self._due, (end, next(self._n), key))
+        heapq.heappush(self._expire, (self.assigner.last_end(p) + self.lateness, next(self._n), key))
+
+    # -- firing -------------------------------------------------------------------------------
+    def _fire(self, key, end: int) -> list:
+        w = self._window(key, self.assigner.start_of(end), end)
+        return [] if w is None else [w]
+
+    def _window(self, key, start: int, end: int):
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        parts = [pay for p, pay in state.items() if start <= p < end]
+        if not parts:
+            return None
+        acc = self.payload.copy(parts[0])
+        for pay in parts[1:]:
+            self.payload.merge(acc, pay)
+        return key, start, end, acc
+
+    def _expire_key(self, key, state: dict, limit: int) -> None:
+        for p in [p for p in state if self.assigner.last_end(p) <= limit]:
+            del state[p]
+
+    def _open(self, key, g: int, state: dict) -> list:
+        out = []
+        for s in sorted(self.assigner.starts_near(state)):
+            end = s + self.assigner.size
+            if end > self.fired_to[g] and (w := self._window(key, s, end)) is not None:
+                out.append(w)
+        return out
+
+    # -- migration and checkpoints ------------------------------------------------------------
+    def _copy(self, state: dict) -> dict:
+        return {p: self.payload.copy(v) for p, v in state.items()}
+
+    def _install_key(self, key, g: int, state: dict, fired: int) -> None:
         mine = self.keys.get(key)
-        if self.kind == "session":
-            if mine is None:
-                mine = self._new_key(key, g, [])
-            for s in state:
-                self._merge_session(key, g, mine, list(s), record=False)
-                if s[3] or s[4]:
-                    heapq.heappush(self._expire, (s[1] + (2 if s[4] else 1) * self.gap + self.lateness,
-                                                  next(self._n), key))
-            return
         if mine is None:
             mine = self._new_key(key, g, {})
         for p, pay in state.items():
@@ -437,42 +452,9 @@ class WindowState(Sessions, KeyDict, StateStore):
                 mine[p] = pay
                 self._schedule_pane(key, g, p, fired)
 
-    def frame(self, touched=None) -> pd.DataFrame:
-        """The windows still open (not fired), in the operator's output columns; for
-        ``apply``, each open window's ``rows`` held."""
-        return _open_windows(self)
+
+class KeyedSessions(Sessions, WindowState):
+    """Per key, the sessions of merging windows (:mod:`._window_sessions`)."""
 
 
-def _copy_state(state, payload):
-    """A copy a snapshot can hold while the store goes on changing its own."""
-    if isinstance(state, dict):
-        return {p: payload.copy(v) for p, v in state.items()}
-    return [[s[0], s[1], payload.copy(s[2]) if s[2] is not None else None, s[3], s[4]] for s in state]
-
-
-def _open_windows(self) -> pd.DataFrame:
-    """``WindowState.frame``: its windows not fired yet."""
-    open_ = []
-    for key, state in self.keys.items():
-        g = self.group_of[key]
-        if self.kind == "session":
-            open_ += [(key, s[0], s[1] + self.gap, s[2]) for s in state if not s[3] and not s[4]]
-            continue
-        starts = {(p // self.slide) * self.slide - j * self.slide for p in state
-                  for j in range(-(-self.size // self.slide))}
-        for s in sorted(starts):
-            if s + self.size > self.fired_to[g] and (w := self._window(key, s, s + self.size)) is not None:
-                open_.append(w)
-    if isinstance(self.payload, Accumulators):
-        out = self.rows(open_)
-        if out is None:
-            out = self.rows([(0, 0, 0, [0] * (4 * len(self.payload.inputs)))]).iloc[:0]
-        return out
-    tt = self.time_type
-    return pd.DataFrame({self.key_name: [w[0] for w in open_],
-                         "window_start": from_ns(np.array([w[1] for w in open_], np.int64), tt),
-                         "window_end": from_ns(np.array([w[2] for w in open_], np.int64), tt),
-                         "rows": [self.payload.size(w[3]) for w in open_]})
-
-
-__all__ = ["WindowState", "Floor", "MAX_TIME"]
+__all__ = ["WindowState", "KeyedPanes", "KeyedSessions", "Floor", "MAX_TIME"]
