@@ -6,7 +6,8 @@ a peer, or the scheduler no longer lists a worker that held instances. It then r
 whole job from the latest complete checkpoint:
 
 1. stop the instances still alive and drop every actor (their outputs after the checkpoint
-   are discarded: staged Parquet files removed, staged list items dropped);
+   are discarded, each by its sink's committer: staged Parquet files removed, staged list
+   items dropped);
 2. wait for a migration in flight to give up (its actors are gone) and start none;
 3. re-create every instance on the workers the scheduler has now (workers that joined
    count), with the checkpoint's routing tables and parallelism, and install each key
