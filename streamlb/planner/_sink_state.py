@@ -20,7 +20,7 @@ from ..exceptions import StreamlbWarning
 __all__ = ["warn_driver_state"]
 
 _CONTAINERS = (list, dict, set, collections.deque)
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep     # streamlb/
 
 
 def _global_names(code: types.CodeType) -> set[str]:
