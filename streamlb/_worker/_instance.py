@@ -81,7 +81,7 @@ class Instance:
                                  spawn=self.tasks.spawn)
         self.aligner = Aligner(senders)
         self.store = make_store(stage, key_groups)
-        self.sinks = Sinks(stage.name, stage.id, index, run, job=str(job), steps=stage.children)
+        self.sinks = Sinks(stage.name, stage.id, index, run, job=str(job), steps=[*stage.children, *stage.late])
         self.dead = self.sinks.dead
         self.watermarks = Watermarks(self)
         self.steps = StepRunner(stage.name, self.sinks, self._exchange, self.watermarks.observe)
