@@ -81,7 +81,7 @@ class SessionWindowState(WindowState):
         self._merge(self._records(frame, keys, groups, times))
 
     def _tombstone_late(self, keys, times, thr, late, late_rows: list) -> None:
-        """As :class:`~._window_sessions.Sessions`'s, with the tombstones found by one merge."""
+        """As :class:`~._windows.KeyedSessions`'s, with the tombstones found by one merge."""
         t = self.t
         if t is None or not t["closed"].any():
             return
