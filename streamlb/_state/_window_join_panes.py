@@ -27,7 +27,7 @@ from ._joins import KEY, SIDE
 from ._stateful_map import _key_array
 from ._window_join import JoinRows, Slice
 from ._window_panes import PaneClock
-from ._windows import Floor, WindowState
+from ._windows import Floor
 
 #: a pane's side holding more parts than this has them joined into one
 COMPACT = 8
@@ -80,7 +80,7 @@ class PaneParts(Mapping):
         return len(self._mapping())
 
 
-class PaneJoinState(PaneClock, WindowState):
+class PaneJoinState(PaneClock):
     """Open panes of a window join: per pane, each side's rows as parts of batches."""
 
     def __init__(self, operator: str, window: dict, key_groups: int, join: dict) -> None:

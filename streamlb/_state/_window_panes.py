@@ -27,10 +27,10 @@ from ._stateful_map import _key_array
 from ._windows import Floor, WindowState
 
 
-class PaneClock:
-    """Firing by window end, for stores that keep whole panes (not a payload per key): a
-    window is tracked by its end, with the key groups it has fired for (they differ while a
-    migration holds some). The store gives ``panes`` (pane start -> its state) and
+class PaneClock(WindowState):
+    """The base of the stores that keep whole panes (not a payload per key): firing by
+    window end, a window tracked by its end with the key groups it has fired for (they
+    differ while a migration holds some). The store gives ``panes`` (pane start -> its state) and
     ``_window(start, end, groups, keys=None)``: the output rows of a window, for the key
     groups of the mask ``groups`` (None: all) or only ``keys``."""
 
@@ -137,7 +137,7 @@ def merge_partials(parts: list[tuple], raw: dict[str, tuple[str, str]]) -> tuple
     return np.asarray(uniques), out
 
 
-class PaneWindowState(PaneClock, WindowState):
+class PaneWindowState(PaneClock):
     """Open panes of a tumbling or hopping window ``aggregate``, each a keyed aggregate."""
 
     def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, spec=None, func=None) -> None:
