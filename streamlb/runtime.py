@@ -286,6 +286,49 @@ class Job:
         (and the state they hold); reading it afterwards raises :class:`JobReleasedError`."""
         self._release.workers(workers)
 
+    def drain(self, savepoint: str | None = None, timeout: Any = None) -> str | None:
+        """Stop the job gracefully (Flink's ``stop``): every source stops reading where it
+        is and ends its input as a bounded source ends; what the sources read is processed
+        through the whole pipeline and the job finishes as a bounded job finishes: its
+        final outputs committed (``to_parquet`` files, ``to_kafka_topic`` transactions,
+        list sinks), ``status`` ``"done"``, and :meth:`wait` returns. The way to end an
+        unbounded job (a watched directory, a Kafka topic) with its last outputs; for
+        windows, joins and timers the end of input fires what is open, as it does for a
+        bounded job. :meth:`stop` still aborts.
+
+        Parameters
+        ----------
+        savepoint : str, optional
+            Also write a savepoint there (a directory or fsspec URL that does not exist
+            yet), at the point where the sources stopped (Flink's stop-with-savepoint: its
+            barrier, then the end of input): ``streamlb.run(same pipeline, restore=path)``
+            goes on exactly after what this job read (a watched directory's files read
+            and half read, Kafka offsets). See docs/fault-tolerance.md, "Stopping a job".
+        timeout : float, str or timedelta, optional
+            How long to wait for the job to finish (a duration: docs/configuration.md,
+            "Durations"); ``TimeoutError`` when exceeded (the job keeps draining:
+            :meth:`wait` finishes it).
+
+        Returns
+        -------
+        str or None
+            The savepoint's path, or None without ``savepoint``.
+
+        Raises
+        ------
+        CheckpointError
+            ``savepoint`` exists or is not writable (refused before anything changes), or
+            the savepoint did not complete (the job still drained and finished).
+        StreamlbError
+            The job is not running (its status is named); nothing changes.
+        """
+        from ._job._drain import drain
+        from ._time import duration_s
+
+        if timeout is not None:
+            timeout = duration_s(timeout, "Job.drain: timeout")
+        return drain(self, savepoint, timeout)
+
     close = stop
 
     def __enter__(self) -> Job:

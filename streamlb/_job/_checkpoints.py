@@ -33,10 +33,13 @@ class Checkpoints:
             self.recovery = Recovery(job, options.restart_attempts)
         self._savepoints = None         # the checkpointer savepoints are taken with
 
-    def savepoint(self, path: str) -> str:
-        """See :meth:`streamlb.Job.savepoint`."""
+    def savepoint(self, path: str, end_inputs=None) -> str:
+        """See :meth:`streamlb.Job.savepoint`. ``end_inputs`` (the job drains, see
+        :mod:`._drain`): called with the savepoint's path as the instances know it before
+        it is triggered, with no other checkpoint in between, to have every source end its
+        input right after this savepoint's barrier (Flink's stop-with-savepoint)."""
         from .._recovery._coordinator import Checkpointer
-        from .._checkpoint._paths import check_writable, resolve
+        from .._checkpoint._paths import _norm, check_writable, resolve
 
         job = self.job
         check_writable(path)
@@ -44,7 +47,10 @@ class Checkpoints:
             raise CheckpointError(f"job {job.id} is {job.status}; a savepoint needs a running job")
         if self._savepoints is None:
             self._savepoints = self.checkpointer or Checkpointer(job, None)
-        manifest = self._savepoints.take(target=path)
+        with job.topology_lock:         # no periodic checkpoint starts between the two
+            if end_inputs is not None:
+                end_inputs(_norm(path))
+            manifest = self._savepoints.take(target=path)
         if manifest is None:
             raise CheckpointError(f"job {job.id}: the savepoint to {path!r} did not complete (see the log); "
                                   "the job keeps running")

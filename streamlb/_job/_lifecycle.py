@@ -96,6 +96,8 @@ class Lifecycle:
         self.polling = threading.RLock()    # one poll at a time: wait(), the watcher, the readers
         self.waiting = 0                # wait() calls under way: the watcher rests meanwhile
         self.ending = threading.Lock()  # a failure and a stop: only the first ends the job
+        self.finishing = threading.Lock()   # two waits that see the job done: one commits it
+        self.draining = False           # Job.drain was called (see ._drain)
         self.unwatch = threading.Event()
         self.watcher: threading.Thread | None = None
 
@@ -361,9 +363,12 @@ class Lifecycle:
         """Every instance is done: commit the outputs, end the job's threads, and keep what
         the plugin knew of it (readable once the cluster is gone)."""
         job = self.job
-        job._checkpoints.finish()
-        job._results.outputs.finish()       # what no checkpoint committed (all, without checkpoints)
-        job.status = "done"
+        with self.finishing:
+            if job.status == "done":        # another wait (a drain's, the user's) committed it
+                return
+            job._checkpoints.finish()
+            job._results.outputs.finish()   # what no checkpoint committed (all, without checkpoints)
+            job.status = "done"
         if job.autoscaler is not None:
             job.autoscaler.stop()
         job._migrations.snapshot(config.seconds("stop-timeout"))

@@ -9,8 +9,8 @@ instance does with it and what it answers.
 
 Routers: :class:`SetTable`, :class:`Forget` (with a target). Owners: :class:`Prepare`,
 :class:`Arm`, :class:`Abort`, :class:`Forget`, :class:`WaitEpoch`, :class:`Epochs`,
-:class:`GroupKeys`, :class:`FetchKeys`. Sources: :class:`Pause`, :class:`Resume`. Any
-instance: :class:`Idle`.
+:class:`GroupKeys`, :class:`FetchKeys`. Sources: :class:`Pause`, :class:`Resume`, and, from the
+driver when the job drains (``Job.drain``), :class:`EndInput`. Any instance: :class:`Idle`.
 """
 from __future__ import annotations
 
@@ -110,6 +110,19 @@ class Pause(Command):
 @dataclass(frozen=True)
 class Resume(Command):
     """Source: emit again after :class:`Pause`."""
+
+
+@dataclass(frozen=True)
+class EndInput(Command):
+    """Source, from the driver when the job drains: stop reading where the stream is and end
+    it as a bounded source's ends (what it emitted is processed downstream and the job
+    finishes). ``after`` None: between the next two batches; else the path of a savepoint
+    (as the coordinator names it to the instances): right after that savepoint's barrier,
+    so that the savepoint holds exactly what was emitted. Answers whether the stream will
+    end now (False: it had ended or been told to already). Refused (StreamlbError) by an
+    instance that is not a source."""
+
+    after: str | None = None
 
 
 @dataclass(frozen=True)

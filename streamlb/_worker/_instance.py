@@ -30,7 +30,7 @@ from ._checkpoint import CheckpointSide
 from ._coalesce import coalesce
 from .._state._partials import records_of
 from ._channels import Inbox, Numbered, OutChannel, Peer
-from ._commands import Command
+from ._commands import Command, EndInput
 from ._epochs import EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
 from ._heap import keep_heap
@@ -420,9 +420,20 @@ class Instance:
 
     # -- the epoch protocol (see _epochs) ---------------------------------------------------------
     async def command(self, cmd: Command):
-        """A call of the epoch protocol (:mod:`._commands`), from the coordinator or a router;
-        answers what the command answers."""
+        """A call of the epoch protocol (:mod:`._commands`), from the coordinator or a router,
+        or the driver's :class:`~._commands.EndInput` to a source; answers what the command
+        answers."""
+        if isinstance(cmd, EndInput):       # the source's own, not the epoch protocol's
+            return self._end_input(cmd)
         return await self.participant.handle(cmd)
+
+    def _end_input(self, cmd: EndInput) -> bool:
+        """The job drains: this source's stream ends where it is (see ``Source.end_input``)."""
+        if self.source is None:
+            raise StreamlbError(f"instance {self.label} is not a source: only a source's input ends")
+        if self.life.phase in (Phase.FAILED, Phase.STOPPED, Phase.RETIRED):
+            return False
+        return self.source.end_input(cmd.after)
 
     # -- wiring, while it runs ----------------------------------------------------------------------
     async def set_siblings(self, siblings: list) -> None:

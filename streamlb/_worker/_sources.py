@@ -4,7 +4,9 @@ A source stage's reader (a :class:`~streamlb._sources.SplitReader`, by the stage
 :mod:`streamlb._sources`) opens the instance's splits and hands out batches tagged by their
 split. :class:`Source` does the rest: pacing at ``rate``, event-time replay, the flush a lazy
 epoch asks for, pausing and handing over between two batches, checkpoint barriers, the
-position of what was *emitted* per split (not read ahead) and the watermark input.
+position of what was *emitted* per split (not read ahead), the watermark input, and the end
+of its input when the job drains (:meth:`Source.end_input`: the stream stops where it is and
+ends as a bounded one ends, at once or right after a savepoint's barrier).
 
 Reading and slicing run in a thread one batch ahead, so Parquet decoding (which releases
 the GIL) never stalls the worker's event loop, where every instance runs.
@@ -71,6 +73,11 @@ class Source:
         self.sending = False                    # a batch is on its way out (watermarks wait)
         self.split_now = "_"                    # the split of that batch ("_": several, a replay)
         self.checkpointed: dict[int, dict] = {}     # checkpoint id -> positions at its barrier
+        # the job drains (see end_input): no row goes out once ``ending``; ``end_after``: the
+        # path of the savepoint whose barrier is the last thing this source sends before its end
+        self.ending = False
+        self.end_after: str | None = None
+        self.end_due = asyncio.Event()
 
     def ask_barrier(self, cid: int, full: bool, target: str | None = None) -> None:
         """Put checkpoint ``cid``'s barrier out before the next row leaves."""
@@ -78,14 +85,37 @@ class Source:
         self.barrier_due.set()
 
     async def put_barriers(self) -> None:
-        """Send the barriers asked for (between two batches)."""
+        """Send the barriers asked for (between two batches); after the barrier of the
+        savepoint the input ends after (:meth:`end_input`), nothing more goes out."""
         self.barrier_due.clear()
         while self.barriers:
-            await self.put_barrier(*self.barriers.pop(0))
+            cid, full, target = self.barriers.pop(0)
+            await self.put_barrier(cid, full, target)
+            if target is not None and target == self.end_after:
+                self._end_now()
+
+    def end_input(self, after: str | None = None) -> bool:
+        """Stop reading where the stream is and end it as a bounded source's ends (the job
+        drains): between two batches, at once (``after`` None), or right after the barrier of
+        the savepoint written to ``after`` went out, so that no row goes out between that
+        barrier and the end. What was emitted is the position a savepoint or a restore holds
+        (a batch read ahead is dropped, read again by a restore). False: the stream had
+        already ended or been told to."""
+        if self.exhausted or self.ending:
+            return False
+        if after is None:
+            self._end_now()
+        else:
+            self.end_after = after
+        return True
+
+    def _end_now(self) -> None:
+        self.ending = True
+        self.end_due.set()          # a paced source napping until its next batch wakes
 
     async def _nap(self, delay: float, barriers: bool) -> None:
         """Sleep ``delay`` seconds, or less if a flush (or, with ``barriers``, a barrier) is asked for."""
-        waits = [asyncio.ensure_future(self.flush_due.wait())]
+        waits = [asyncio.ensure_future(self.flush_due.wait()), asyncio.ensure_future(self.end_due.wait())]
         if barriers:
             waits.append(asyncio.ensure_future(self.barrier_due.wait()))
         try:
@@ -236,6 +266,8 @@ class Source:
                 self._drain_dead()
             if self.barriers:
                 await self.put_barriers()
+            if self.ending:         # drained: the batch read ahead is not emitted
+                return
             if not self.gate.is_set() or not self.handing_over.is_set():
                 self.parked.set()
                 await self.gate.wait()                  # a pause
@@ -253,6 +285,8 @@ class Source:
                     await self._nap(delay, whole)
                     if self.barriers and whole:     # before the batch: the position is exact
                         await self.put_barriers()
+                    if self.ending:     # drained while it waited: the rest of the batch stays unread
+                        return
                     if not self.flush_due.is_set():
                         continue        # slept the delay out, or a barrier went
                     # an epoch switched this router, asking for a flush: the rows already
@@ -270,6 +304,8 @@ class Source:
             else:
                 emitted = time.time()
                 await asyncio.sleep(0)
+                if self.ending:
+                    return
             sent += len(batch)
             if len(batch):          # a flush may have sent every row already
                 await self._out(batch, emitted, mark)

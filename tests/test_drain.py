@@ -1,0 +1,170 @@
+"""``Job.drain``: a graceful stop of an unbounded job (Flink's ``stop``), with and without a
+savepoint. Jobs on LocalCluster worker processes read a watched directory (and a Kafka
+topic); once drained, what `to_parquet` committed is exact against pandas over what was
+read, each record once, and a job restored from the drain's savepoint goes on after it:
+the two runs' outputs together are exact over every input, each record once."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+from streamlb import CheckpointError, StreamlbError
+from streamlb._checkpoint._manifest import read_manifest
+
+SPEC = {"n": ("value", "count"), "total": ("value", "sum")}
+
+
+def _frame(i: int, rows: int = 4_000) -> pd.DataFrame:
+    rng = np.random.default_rng(i)
+    keys = np.where(rng.random(rows) < 0.3, rng.integers(0, 3, rows), rng.integers(0, 200, rows))
+    return pd.DataFrame({"rid": np.arange(rows, dtype=np.int64) + i * 1_000_000,
+                         "key": keys.astype(np.int64), "value": rng.integers(0, 1000, rows)})
+
+
+def _land(root, name: str, df: pd.DataFrame) -> None:
+    """Write ``df`` as ``root/name`` under a name starting with ``_``, then rename it into place."""
+    tmp = os.path.join(root, "_tmp-" + name)
+    df.to_parquet(tmp)
+    os.rename(tmp, os.path.join(root, name))
+
+
+def _truth(frames) -> pd.DataFrame:
+    return pd.concat(frames).groupby("key").agg(n=("value", "count"), total=("value", "sum")).sort_index()
+
+
+def _job(root, out, client, rate=None, **run_kw):
+    """Every record to ``out/rows``; the keyed totals' update stream to ``out/totals``."""
+    src = Stream.from_parquet(str(root), watch="200ms", batch_size=1_000, rate=rate)
+    src.to_parquet(os.path.join(out, "rows"))
+    src.key_by("key").aggregate(SPEC, name="totals").to_parquet(os.path.join(out, "totals"))
+    return streamlb.run(src, client=client, balancer="static", **run_kw)
+
+
+def _read(job) -> int:
+    try:
+        return int(job.state("totals")["n"].sum()) if job.status == "running" else -1
+    except Exception:
+        return -1
+
+
+def _wait_read(job, rows: int, timeout: float = 40.0) -> None:
+    deadline = time.time() + timeout
+    while _read(job) < rows:
+        assert time.time() < deadline, f"{_read(job)} of {rows} records read"
+        time.sleep(0.05)
+
+
+def _written(outs, what: str) -> pd.DataFrame:
+    """What the runs writing to ``outs`` committed under ``what`` (``rows`` or ``totals``)."""
+    parts = [pd.read_parquet(os.path.join(o, what)) for o in outs if os.path.isdir(os.path.join(o, what))]
+    parts = [p.reset_index() if p.index.name else p for p in parts]     # the totals: indexed by key
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _check(outs, frames) -> None:
+    """Every record once in the rows written; the last update of each key (its largest
+    count) is the key's total over ``frames``."""
+    rows = _written(outs, "rows")
+    want = pd.concat(frames, ignore_index=True)
+    assert len(rows) == len(want), f"{len(rows)} rows written, {len(want)} read"
+    assert rows["rid"].is_unique and set(rows["rid"]) == set(want["rid"])
+    totals = _written(outs, "totals")
+    last = totals.sort_values(["key", "n"]).groupby("key").last()[["n", "total"]].sort_index()
+    last.index = last.index.astype(np.int64)
+    pd.testing.assert_frame_equal(last, _truth(frames), check_dtype=False)
+
+
+def test_drain_commits_what_was_read_and_finishes(client, tmp_path):
+    root, out = tmp_path / "landing", str(tmp_path / "out")
+    root.mkdir()
+    frames = [_frame(i) for i in range(4)]
+    for i in range(2):
+        _land(root, f"part-{i}.parquet", frames[i])
+    job = _job(root, out, client)
+    try:
+        _wait_read(job, 8_000)
+        for i in range(2, 4):
+            _land(root, f"part-{i}.parquet", frames[i])
+        _wait_read(job, 16_000)
+        assert job.drain(timeout=60) is None
+        assert job.status == "done"
+        assert job.wait(timeout=5) is job         # returns at once: the job finished
+        _check([out], frames)
+        state = job.state("totals")[["n", "total"]].sort_index()
+        state.index = state.index.astype(np.int64)
+        pd.testing.assert_frame_equal(state, _truth(frames), check_dtype=False)
+        with pytest.raises(StreamlbError, match="is done"):
+            job.drain()
+    finally:
+        job.stop()
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["savepoint-only", "checkpointed"])
+def test_drain_with_a_savepoint_then_restore_reads_the_rest_once(two_workers, tmp_path, checkpoint):
+    root, sp = tmp_path / "landing", str(tmp_path / "savepoint")
+    root.mkdir()
+    outs = [str(tmp_path / "out1"), str(tmp_path / "out2")]
+    frames = [_frame(20 + i, 6_000) for i in range(5)]
+    for i in range(3):
+        _land(root, f"part-{i}.parquet", frames[i])
+    ck = {"checkpoint": str(tmp_path / "ck"), "checkpoint_interval": 0.3} if checkpoint else {}
+    # paced, so the drain falls with files half read and others not begun
+    job = _job(root, outs[0], two_workers, rate=12_000, **ck)
+    try:
+        _wait_read(job, 4_000)
+        assert job.drain(savepoint=sp, timeout=60) == sp
+        assert job.status == "done"
+        read = job.state("totals")["n"].sum()
+    finally:
+        job.stop()
+    assert 4_000 <= read < 18_000
+    manifest, _ = read_manifest(sp)
+    saved = [pos["directory"] for pos in manifest["sources"]["from_parquet(landing)"]]
+    reading = {f: n for pos in saved for f, n in pos["files"].items()}
+    done = [f for pos in saved for f in pos["done"]]
+    assert sum(reading.values()) + sum(len(frames[int(f[5])]) for f in done) == read
+    assert len(_written(outs[:1], "rows")) == read         # the first run committed what it read
+    for i in range(3, 5):
+        _land(root, f"part-{i}.parquet", frames[i])
+    job = _job(root, outs[1], two_workers, restore=sp)
+    try:
+        _wait_read(job, sum(map(len, frames)))
+        time.sleep(0.5)             # more listings: nothing is read twice
+        assert job.drain(timeout=60) is None
+    finally:
+        job.stop()
+    _check(outs, frames)
+    assert len(_written(outs[1:], "rows")) == sum(map(len, frames)) - read
+
+
+def test_bad_drains_are_refused_before_anything_changes(two_workers, tmp_path):
+    root, out = tmp_path / "landing", str(tmp_path / "out")
+    root.mkdir()
+    frames = [_frame(40)]
+    _land(root, "part-0.parquet", frames[0])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    job = _job(root, out, two_workers)
+    try:
+        _wait_read(job, 4_000)
+        with pytest.raises(CheckpointError, match="taken"):
+            job.drain(savepoint=str(taken))
+        assert job.status == "running" and os.listdir(taken) == []
+        frames.append(_frame(41))
+        _land(root, "part-1.parquet", frames[1])        # it still reads
+        _wait_read(job, 8_000)
+        assert job.drain() is None
+        _check([out], frames)
+    finally:
+        job.stop()
+    stopped = _job(root, str(tmp_path / "out2"), two_workers)
+    stopped.stop()
+    with pytest.raises(StreamlbError, match="stopped"):
+        stopped.drain(savepoint=str(tmp_path / "never"))
+    assert not os.path.exists(tmp_path / "never")
