@@ -52,7 +52,7 @@ class Results:
         # where each list sink's items of this job start: a list may hold items of before
         self.list_start = {sid: len(items) for sid, items in job.plan.list_sinks.items()}
         # the driver's side of the job's sinks: commits what the instances staged or reported
-        self.outputs = Committers(job.plan, self.dead)
+        self.outputs = Committers(job.plan, self.dead, job.id)
 
     def take_outputs(self, r: dict) -> None:
         """The outputs of one instance's poll answer ``r`` (list-sink items, dead letters)."""

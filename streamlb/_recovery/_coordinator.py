@@ -13,13 +13,27 @@ One checkpoint at a time, every ``interval`` seconds, from a thread of the drive
    out of ``_temporary``, ``sink_to_list`` items reach the lists), and tell the instances
    (their writers commit what they hold, e.g. Kafka transactions).
 
+The manifest records, under ``outputs``, what the checkpoint sealed that is not committed
+yet, as each sink's committer describes it (:meth:`streamlb._sinks.Committer.sealed`: the
+staged Parquet files and their final names, the Kafka transactions and their records, kept
+in ``chk-<id>/outputs/``). Whoever resumes the checkpoint commits what is not committed
+yet (:func:`streamlb._recovery._restore.resume_outputs`), so a driver lost between the
+manifest and the commit loses no output.
+
 A key group no instance rewrote since the previous complete checkpoint is referenced in
 the new manifest, not written again (incremental). A failed checkpoint (a write error, a
 timeout) is counted and logged; the job goes on and the next checkpoint writes everything.
+
+Test hook: with the environment variable ``STREAMLB_TEST_KILL_AFTER_MANIFEST=<id>`` the
+driver SIGKILLs its own process right after the manifest of checkpoint ``<id>`` (or of the
+first checkpoint past it) is written, before its outputs are committed: the moment a
+resume has to commit them (tests/test_sealed_outputs.py). Not for use outside tests.
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -32,6 +46,7 @@ from .._plan._model import KEYED_KINDS
 logger = logging.getLogger("streamlb.checkpoint")
 
 FORMAT = 1
+KILL_AFTER_MANIFEST = "STREAMLB_TEST_KILL_AFTER_MANIFEST"     # the test hook (module docstring)
 CHECKPOINT_COLUMNS = ["id", "kind", "epoch", "started", "completed", "duration", "bytes_written",
                       "bytes_referenced", "keys", "full", "path"]
 
@@ -63,6 +78,22 @@ def _source_graph(st) -> dict:
     elif st.kind == "kafka_source":
         out["topic"] = st.source["topic"]
     return out
+
+
+def _test_kill(cid: int) -> None:
+    """The test hook: die here, after checkpoint ``cid``'s manifest and before its commit."""
+    at = os.environ.get(KILL_AFTER_MANIFEST)
+    if at and cid >= int(at):
+        logger.warning("%s=%s: SIGKILL after the manifest of checkpoint %d", KILL_AFTER_MANIFEST, at, cid)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _due(segment: dict, cid: int) -> bool:
+    """Whether staged ``segment`` is committed with checkpoint ``cid``: it was sealed by a
+    barrier up to ``cid``, or (the final outputs of an instance that retired) staged
+    after the checkpoint before ``cid`` had been triggered."""
+    label = segment["label"]
+    return label <= cid if label is not None else segment["after"] < cid
 
 
 class Checkpointer:
@@ -186,6 +217,10 @@ class Checkpointer:
         manifest = self._manifest(cid, full, target, acks, t0)
         name = "." if target else f"chk-{cid:06d}"
         manifest["base"] = "." if target else ".."
+        if target is None:
+            # an instance that acknowledged an earlier checkpoint late has done so by now
+            self.collect_late()
+            manifest["outputs"] = self._sealed(cid, url, name)
         try:
             write_manifest(url, name, manifest)
         except Exception as exc:
@@ -193,6 +228,8 @@ class Checkpointer:
             self.force_full = True
             logger.warning("job %s: checkpoint %d: the manifest could not be written: %s", job.id, cid, exc)
             return None
+        if target is None:
+            _test_kill(cid)
         done = time.time()
         self.rows.append({"id": cid, "kind": "savepoint" if target else "checkpoint", "epoch": manifest["epoch"],
                           "started": t0, "completed": done, "duration": done - t0,
@@ -302,6 +339,22 @@ class Checkpointer:
                 "files": files, "bytes_written": written, "bytes_referenced": referenced, "keys": keys}
 
     # -- outputs (two-phase commit) -----------------------------------------------------------------
+    def _sealed(self, cid: int, url: str, name: str) -> dict:
+        """What the manifest of checkpoint ``cid`` (directory ``name`` under ``url``) records
+        of the outputs its completion commits: by sink, for whoever resumes it."""
+        from .._checkpoint._paths import _write_atomic, resolve
+
+        fs, root = resolve(url)
+
+        def keep(file: str, write) -> str:
+            rel = f"{name}/outputs/{file}"
+            _write_atomic(fs, f"{root}/{rel}", write)
+            return rel
+
+        with self._outputs:
+            sealed = [s for s in self.staged if _due(s, cid)]
+        return self.job._results.outputs.sealed(sealed, keep)
+
     def stage_outputs(self, segment: dict, label: int | None) -> None:
         """Outputs of one instance: those before checkpoint ``label``'s barrier, or (None)
         those after its last barrier, of an instance that retired."""
@@ -315,8 +368,7 @@ class Checkpointer:
         """Hand over the outputs of complete checkpoints (``everything``: the job finished)."""
         with self._outputs:
             done = self.completed_id
-            ready = [s for s in self.staged if everything or
-                     (s["label"] is not None and s["label"] <= done) or (s["label"] is None and s["after"] < done)]
+            ready = [s for s in self.staged if everything or _due(s, done)]
             self.staged = [s for s in self.staged if not any(s is r for r in ready)]
         ready.sort(key=lambda s: (s["label"] is None, s["label"] or 0))
         outputs = self.job._results.outputs

@@ -1,10 +1,17 @@
-"""Start a job from a checkpoint: check the graph matches, route, install state, rewind.
+"""Start a job from a checkpoint: check the graph matches, route, commit what it sealed,
+install state, rewind.
 
 Key groups are the unit of redistribution (as in Flink): an operator restored at the
 parallelism it was checkpointed at keeps its routing table; at another parallelism it takes
 the initial table, and each instance reads the groups it owns from whichever files hold
 them. Sources go on from the rows they had emitted at the barrier, per file, so a source
 stage may also be restored with another number of instances.
+
+Before any instance starts, the outputs the checkpoint sealed that its job did not commit
+(its driver died between the manifest and the commit, or a worker before its Kafka
+transaction committed) are committed, and what that job staged after it is dropped
+(:func:`resume_outputs`): with the records replayed after the checkpoint, each output is
+there once.
 """
 from __future__ import annotations
 
@@ -183,8 +190,24 @@ def restored_tables(manifest: dict, stages) -> dict[int, RoutingTable]:
     return out
 
 
+def resume_outputs(job, manifest: dict, base: str) -> None:
+    """Commit what checkpoint ``manifest`` (files under ``base``) sealed and its job left
+    uncommitted, through the job's committers; drop what that job staged after it. A
+    savepoint, or a checkpoint written before manifests recorded outputs, records none:
+    nothing is done."""
+    outputs = manifest.get("outputs")
+    if outputs is None or manifest.get("kind", "checkpoint") != "checkpoint":
+        return
+    from .._checkpoint._paths import resolve
+
+    fs, root = resolve(base)
+    job._results.outputs.resume(outputs, lambda rel: fs.open(f"{root}/{rel}", "rb"))
+
+
 def install_state(job, manifest: dict, base: str) -> int:
-    """Every keyed instance reads and installs the key groups its table gives it."""
+    """Every keyed instance reads and installs the key groups its table gives it, once
+    the outputs the checkpoint sealed are committed (:func:`resume_outputs`)."""
+    resume_outputs(job, manifest, base)
     calls = []
     for st in job.plan.stages:
         op = manifest["operators"].get(st.name)

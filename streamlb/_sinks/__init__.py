@@ -51,16 +51,40 @@ def sink_steps(steps) -> list:
 
 
 class Committers:
-    """The driver's side of every sink of a job (``plan``; ``dead``: its dead-letter list)."""
+    """The driver's side of every sink of a job (``plan``; ``dead``: its dead-letter list;
+    ``job``: its id)."""
 
-    def __init__(self, plan, dead: list) -> None:
-        self.all = [cls(plan, dead) for cls in COMMITTERS]
+    def __init__(self, plan, dead: list, job: str = "") -> None:
+        self.all = [cls(plan, dead, job) for cls in COMMITTERS]
 
     def commit(self, outputs: dict) -> None:
         """An instance's sealed outputs of a complete checkpoint (or of one that finished)."""
         for c in self.all:
             if c.segment is not None and outputs.get(c.segment):
                 c.commit(outputs[c.segment])
+
+    def sealed(self, segments: list[dict], keep) -> dict:
+        """What a checkpoint's manifest records (its ``outputs``) of ``segments``, the
+        instances' outputs it sealed that are not committed yet: by committer name (see
+        :meth:`Committer.sealed`)."""
+        out = {}
+        for c in self.all:
+            if c.name is None:
+                continue
+            part: dict = {}
+            for s in segments:
+                merge(part, "p", s.get(c.segment))
+            recorded = c.sealed(part.get("p"), keep) if part else None
+            if recorded is not None:
+                out[c.name] = recorded
+        return out
+
+    def resume(self, outputs: dict, read) -> None:
+        """A checkpoint whose manifest recorded ``outputs`` is resumed: each committer
+        commits what it recorded (see :meth:`Committer.resume`)."""
+        for c in self.all:
+            if c.name is not None:
+                c.resume(outputs.get(c.name), read)
 
     def take(self, answer: dict) -> None:
         """What an instance of a job without checkpoints reported at a poll."""

@@ -104,16 +104,40 @@ class SinkWriter(ABC):
 class Committer:
     """The driver's side of one kind of sink: commits the parts its writers sealed under
     :attr:`segment` once their checkpoint is complete, and what they reported under
-    :attr:`report` at a poll; ``plan``: the job's plan, ``dead``: its dead-letter list."""
+    :attr:`report` at a poll; ``plan``: the job's plan, ``dead``: its dead-letter list,
+    ``job``: the job's id.
 
+    A checkpoint's manifest records, under :attr:`name`, what :meth:`sealed` says of the
+    outputs it sealed that are not committed yet; whoever resumes that checkpoint (a run
+    that restores it, a recovery) hands that record to :meth:`resume`, which commits them
+    if the job that wrote the checkpoint did not (its driver may have died in between).
+    """
+
+    #: key of its record in a manifest's ``outputs`` (None: it records nothing)
+    name: str | None = None
     segment: str | None = None
     report: str | None = None
 
-    def __init__(self, plan, dead: list) -> None:
-        self.plan, self.dead = plan, dead
+    def __init__(self, plan, dead: list, job: str = "") -> None:
+        self.plan, self.dead, self.job = plan, dead, job
 
     def commit(self, part) -> None:
         """Make ``part`` (a writer's sealed or reported outputs, merged) visible."""
+
+    def sealed(self, part, keep) -> Any:
+        """What a checkpoint's manifest records of ``part`` (this kind's outputs that the
+        checkpoint sealed and that are not committed yet, merged) for another process to
+        commit them with :meth:`resume`: a JSON-like value. ``keep(name, write)`` stores
+        data beside the manifest (``write(fh)`` writes it to an open binary file) and
+        returns the path to give :meth:`resume`'s ``read``. None: nothing to record."""
+        return None
+
+    def resume(self, recorded, read) -> None:
+        """A checkpoint is resumed, before any instance starts: commit what its manifest
+        recorded (:meth:`sealed`; None when nothing was) that is not committed yet,
+        idempotently (an output committed already is left as it is, a commit stopped
+        half-way is completed), and drop what its job staged after it (those records are
+        replayed). ``read(path)`` opens a file that ``keep`` stored, for reading."""
 
     def finish(self) -> None:
         """Every instance is done and every checkpoint's outputs committed: the last step."""

@@ -3,19 +3,32 @@
 Each instance writes its own file under ``<path>/_temporary`` (``part-<stage>-<index>``,
 ``-r<run>`` for a replacement). Without checkpoints it is one file, moved into ``path``
 when the job finishes (with a ``_SUCCESS`` marker). With checkpoints each checkpoint's rows
-are one file (``-c<segment>``), closed when its barrier passes and named in the
+are one file (``-<job>-c<segment>``: the job's id keeps a resumed job's files apart from
+those the job it resumes committed), closed when its barrier passes and named in the
 instance's acknowledgement; the driver moves it into ``path`` once that checkpoint is
 complete, removes what was staged for one that did not when it recovers, and removes
-``_temporary`` when the job stops or fails before it finished."""
+``_temporary`` when the job stops or fails before it finished.
+
+A checkpoint's manifest names the files it sealed that were not moved yet, with their final
+names (:meth:`ParquetCommitter.sealed`): whoever resumes it moves those still staged
+(:meth:`ParquetCommitter.resume`; a file already moved is left, so a second resume, or one
+after a commit stopped half-way, moves each file once) and removes the rest of
+``_temporary``, which the dead job staged after the checkpoint."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 
 import pandas as pd
 
 from ..exceptions import PipelineError
 from ._base import Committer, SinkWriter
+
+logger = logging.getLogger("streamlb.checkpoint")
+
+_STAGED = re.compile(r"-c\d+\.parquet$")     # a file staged per checkpoint (any job's)
 
 
 class ParquetWriter(SinkWriter):
@@ -48,8 +61,7 @@ class ParquetWriter(SinkWriter):
         if w is None:
             tmp = os.path.join(path, "_temporary")
             os.makedirs(tmp, exist_ok=True)
-            fn = os.path.join(tmp, f"{self.part}-c{self.segment_no:05d}.parquet" if self.ctx.staged
-                              else f"{self.part}.parquet")
+            fn = os.path.join(tmp, self._staged_name() if self.ctx.staged else f"{self.part}.parquet")
             w = self._writer = pq.ParquetWriter(fn, table.schema)
             self._file = fn
         try:
@@ -60,6 +72,10 @@ class ParquetWriter(SinkWriter):
                 f"first batch's {w.schema}: {exc}"
             ) from exc
         w.write_table(table)
+
+    def _staged_name(self) -> str:
+        job = f"-{self.ctx.job}" if self.ctx.job else ""
+        return f"{self.part}{job}-c{self.segment_no:05d}.parquet"
 
     def _close(self) -> list[list[str]]:
         if self._writer is None:
@@ -94,6 +110,7 @@ class ParquetWriter(SinkWriter):
 class ParquetCommitter(Committer):
     """Moves the files of the job's Parquet sinks (``plan.parquet_paths``) out of ``_temporary``."""
 
+    name = "parquet"
     segment = "files"
 
     def commit(self, part) -> None:
@@ -103,17 +120,43 @@ class ParquetCommitter(Committer):
                 os.makedirs(path, exist_ok=True)
                 os.replace(fn, os.path.join(path, os.path.basename(fn)))
 
+    def sealed(self, part, keep) -> list[list[str]]:
+        """``[staged file, final name]`` of each file of ``part``."""
+        return [[fn, os.path.join(path, os.path.basename(fn))] for path, fn in part or ()]
+
+    def resume(self, recorded, read) -> None:
+        """Move each recorded file still staged to its final name; then remove what else is
+        staged (written after the checkpoint by the job that wrote it)."""
+        for fn, final in recorded or ():
+            if os.path.exists(fn):
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                os.replace(fn, final)
+            elif not os.path.exists(final):
+                logger.warning("to_parquet: %s, sealed by the checkpoint resumed, is neither staged nor "
+                               "committed (removed by hand?): its rows are not in the output", final)
+        self.discard()
+
     def finish(self) -> None:
-        """Every file left under ``_temporary`` (every file of a job without checkpoints)
-        into its dataset, and ``_SUCCESS``."""
+        """The files left under ``_temporary`` by this job (every file of a job without
+        checkpoints) into their dataset, and ``_SUCCESS``. A file another job staged per
+        checkpoint is left where it is."""
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
             os.makedirs(path, exist_ok=True)
             if os.path.isdir(tmp):
                 for fn in sorted(os.listdir(tmp)):
-                    os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
-                os.rmdir(tmp)
+                    if self._mine(fn):
+                        os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
+                try:
+                    os.rmdir(tmp)
+                except OSError:         # another job's files are there
+                    pass
             open(os.path.join(path, "_SUCCESS"), "w").close()
+
+    def _mine(self, fn: str) -> bool:
+        """Whether staged file ``fn`` is this job's: not staged per checkpoint, or named
+        with this job's id."""
+        return not _STAGED.search(fn) or (bool(self.job) and f"-{self.job}-c" in fn)
 
     def discard(self) -> None:
         for path in self.plan.parquet_paths:

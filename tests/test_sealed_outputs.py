@@ -1,0 +1,125 @@
+"""A checkpoint names the staged outputs it sealed, and whoever resumes it commits them.
+
+The driver (the process that called ``streamlb.run(..., checkpoint=ck)``) runs in a
+subprocess against real `dask scheduler` / `dask worker` processes (a LocalCluster would
+die with it) and is SIGKILLed by the coordinator's test hook
+(``STREAMLB_TEST_KILL_AFTER_MANIFEST``) right after a checkpoint's manifest is written and
+before its staged outputs are committed. The same pipeline then runs again in the test
+process with the same ``checkpoint=``, which resumes from that checkpoint: the outputs hold
+every record exactly once, against pandas over the same input.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamz import Stream
+
+import streamlb
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = {"n": ("value", "count"), "s": ("value", "sum")}
+ROWS, FILES, KEYS, RATE = 12_000, 2, 500, 12_000
+KILL_AT = 2         # the checkpoint after whose manifest the driver dies
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two Parquet files of integer keys; ``rid`` numbers every row."""
+    root = tmp_path_factory.mktemp("sealed-data")
+    rng = np.random.default_rng(7)
+    n = ROWS * FILES
+    frame = pd.DataFrame({"key": rng.integers(0, KEYS, n), "value": rng.integers(0, 100, n), "rid": np.arange(n)})
+    for i in range(FILES):
+        frame.iloc[i * ROWS:(i + 1) * ROWS].to_parquet(os.path.join(root, f"part-{i}.parquet"))
+    return str(root), frame
+
+
+def rows_of(df):
+    return df[["rid", "key", "value"]]
+
+
+def updates_of(df):
+    return df.reset_index()
+
+
+def build(path: str, out: str, sink: str = "parquet", kafka: dict | None = None):
+    """A keyed aggregate over ``path``: its update stream out, and the records read."""
+    src = Stream.from_parquet(path, batch_size=1_000, rate=RATE)
+    updates = src.key_by("key").aggregate(SPEC, name="totals", parallelism=2).map(updates_of)
+    records = src.map(rows_of)
+    if sink == "parquet":
+        updates.to_parquet(os.path.join(out, "updates"))
+        records.to_parquet(os.path.join(out, "records"))
+    else:
+        updates.to_kafka_topic(kafka["updates"], {"bootstrap.servers": kafka["bootstrap"]})
+        records.to_kafka_topic(kafka["records"], {"bootstrap.servers": kafka["bootstrap"]})
+    return src
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {here!r})
+import streamlb
+from test_sealed_outputs import build
+
+job = streamlb.run(build({path!r}, {out!r}, {sink!r}, {kafka!r}), address={address!r}, checkpoint={ck!r},
+                   checkpoint_interval=0.3, balancer="static")
+job.wait(timeout=120)
+print("FINISHED", flush=True)
+"""
+
+
+def _killed_driver(tmp_path, address: str, path: str, out: str, ck: str, sink: str = "parquet",
+                   kafka: dict | None = None) -> None:
+    """Run the job in a driver process that the hook SIGKILLs after checkpoint KILL_AT's manifest."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER).format(here=HERE, path=path, out=out, ck=ck, sink=sink,
+                                                     kafka=kafka, address=address))
+    env = dict(os.environ, STREAMLB_TEST_KILL_AFTER_MANIFEST=str(KILL_AT))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == -9, f"the driver was not killed at the hook ({r.returncode}):\n{r.stderr[-3000:]}"
+    from streamlb._checkpoint._manifest import read_manifest
+
+    manifest, _ = read_manifest(ck)
+    assert manifest["id"] >= KILL_AT
+
+
+def _resume(address: str, node, ck: str):
+    """The same pipeline on the same checkpoint directory: it resumes from the latest checkpoint."""
+    job = streamlb.run(node, address=address, checkpoint=ck, checkpoint_interval=0.3, balancer="static")
+    job.wait(timeout=120)
+    return job
+
+
+def _check(frame: pd.DataFrame, records: pd.DataFrame, updates: pd.DataFrame, state: pd.DataFrame) -> None:
+    """Every input record once among the records written; the aggregate's state and the last
+    update of each key as pandas computes them; each (key, count) update at most once."""
+    assert len(records) == len(frame), (len(records), len(frame))
+    assert records["rid"].is_unique and set(records["rid"]) == set(frame["rid"])
+    truth = frame.groupby("key")["value"].agg(["count", "sum"])
+    np.testing.assert_array_equal(state["n"].to_numpy(), truth["count"].to_numpy())
+    np.testing.assert_array_equal(state["s"].to_numpy(), truth["sum"].to_numpy())
+    assert not updates.duplicated(["key", "n"]).any()
+    last = updates.sort_values("n").groupby("key").last()
+    np.testing.assert_array_equal(last["n"].to_numpy(), truth["count"].to_numpy())
+    np.testing.assert_array_equal(last["s"].to_numpy(), truth["sum"].to_numpy())
+
+
+@pytest.mark.cluster
+def test_to_parquet_outputs_sealed_by_a_checkpoint_are_committed_by_the_run_that_resumes_it(
+        cli_cluster, data, tmp_path):
+    path, frame = data
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    _killed_driver(tmp_path, cli_cluster, path, out, ck)
+    job = _resume(cli_cluster, build(path, out), ck)
+    records = pd.read_parquet(os.path.join(out, "records"))
+    updates = pd.read_parquet(os.path.join(out, "updates"))
+    _check(frame, records, updates, job.state("totals"))
+    for name in ("records", "updates"):       # nothing left staged: the dead driver's files too
+        assert not os.path.exists(os.path.join(out, name, "_temporary"))
