@@ -292,9 +292,14 @@ class Job:
         through the whole pipeline and the job finishes as a bounded job finishes: its
         final outputs committed (``to_parquet`` files, ``to_kafka_topic`` transactions,
         list sinks), ``status`` ``"done"``, and :meth:`wait` returns. The way to end an
-        unbounded job (a watched directory, a Kafka topic) with its last outputs; for
-        windows, joins and timers the end of input fires what is open, as it does for a
-        bounded job. :meth:`stop` still aborts.
+        unbounded job (a watched directory, a Kafka topic) with its last outputs.
+        :meth:`stop` still aborts.
+
+        Without ``savepoint`` the end of input fires what windows, joins and timers hold,
+        as at the end of a bounded job (Flink's ``stop --drain``). With ``savepoint``,
+        event time stops instead: what is open is not fired by this job but kept in the
+        savepoint, and the job restored from it fires it (Flink's ``stop``), so each
+        window is emitted once across the two runs.
 
         Parameters
         ----------

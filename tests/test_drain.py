@@ -18,6 +18,7 @@ from streamlb import CheckpointError, StreamlbError
 from streamlb._checkpoint._manifest import read_manifest
 
 SPEC = {"n": ("value", "count"), "total": ("value", "sum")}
+S = 1_000_000_000
 
 
 def _frame(i: int, rows: int = 4_000) -> pd.DataFrame:
@@ -168,3 +169,57 @@ def test_bad_drains_are_refused_before_anything_changes(two_workers, tmp_path):
     with pytest.raises(StreamlbError, match="stopped"):
         stopped.drain(savepoint=str(tmp_path / "never"))
     assert not os.path.exists(tmp_path / "never")
+
+
+def _timed(i: int, rows: int = 3_000) -> pd.DataFrame:
+    """File ``i``: rows in event-time order over seconds ``10 i`` to ``10 (i + 1)``."""
+    rng = np.random.default_rng(100 + i)
+    t = np.sort(rng.integers(i * 10 * S, (i + 1) * 10 * S, rows))
+    return pd.DataFrame({"key": rng.integers(0, 20, rows).astype(np.int64), "value": rng.integers(0, 1000, rows),
+                         "event_time": pd.to_datetime(t, unit="ns")})
+
+
+def _windowed(root, out, client, **run_kw):
+    """5 s tumbling windows per key to ``out/windows`` (late rows to ``out/late``); the keyed
+    totals count what was read."""
+    src = Stream.from_parquet(str(root), watch="200ms", batch_size=250, rate=4_000, parallelism=1,
+                              event_time="event_time")
+    src.key_by("key").aggregate(SPEC, name="totals")
+    w = src.with_watermark("event_time", delay="1s").key_by("key").window(size="5s").aggregate(SPEC, name="w")
+    w.to_parquet(os.path.join(out, "windows"))
+    w.late().to_parquet(os.path.join(out, "late"))
+    return streamlb.run(src, client=client, balancer="static", **run_kw)
+
+
+def test_windows_open_at_a_drain_savepoint_are_emitted_once_by_the_restored_job(two_workers, tmp_path):
+    """Into a savepoint, event time stops: what is open is fired by the restored job only."""
+    from windowing import check, emitted, expected
+
+    root, sp = tmp_path / "landing", str(tmp_path / "savepoint")
+    root.mkdir()
+    outs = [str(tmp_path / "out1"), str(tmp_path / "out2")]
+    frames = [_timed(0, 6_000)] + [_timed(i) for i in range(1, 4)]
+    _land(root, "part-0.parquet", frames[0])
+    job = _windowed(root, outs[0], two_workers)
+    try:
+        # past 6 s of event time the first window [0 s, 5 s) has fired; the drain comes
+        # before the file's end (which would take the watermark to its end)
+        _wait_read(job, 4_000)
+        assert job.drain(savepoint=sp, timeout=60) == sp
+        read = job.state("totals")["n"].sum()
+    finally:
+        job.stop()
+    assert read < 6_000
+    first = _written(outs[:1], "windows")
+    for i in range(1, 4):
+        _land(root, f"part-{i}.parquet", frames[i])
+    job = _windowed(root, outs[1], two_workers, restore=sp)
+    try:
+        _wait_read(job, sum(map(len, frames)))
+        assert job.drain(timeout=60) is None        # without a savepoint: every window fires
+    finally:
+        job.stop()
+    assert _written(outs, "late").empty
+    got = emitted([_written(outs, "windows")])
+    check(got, expected(pd.concat(frames, ignore_index=True), "tumbling", size=5 * S, slide=5 * S))
+    assert 0 < len(first) < len(got)

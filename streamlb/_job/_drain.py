@@ -5,11 +5,14 @@ a drain ends the job as a bounded job ends: every source stops reading where it 
 ends its stream (the :class:`~streamlb._worker._commands.EndInput` command), what the
 sources emitted goes through the whole pipeline, and the job finishes as
 :meth:`~streamlb.Job.wait` finishes any job: its final outputs committed, its status
-``"done"``. With a savepoint path, the sources end right after that savepoint's barrier
-(Flink's stop-with-savepoint), so the savepoint holds exactly what they emitted and
-``streamlb.run(..., restore=path)`` goes on after it: no record lost or read twice across
-the two runs. The savepoint goes through :mod:`._checkpoints`; the wait and the commit
-are :mod:`._lifecycle`'s.
+``"done"``; the end of input fires what windows, joins and timers hold, as for a bounded
+job (Flink's ``stop --drain``). With a savepoint path, the sources end right after that
+savepoint's barrier (Flink's stop-with-savepoint), so the savepoint holds exactly what they
+emitted and ``streamlb.run(..., restore=path)`` goes on after it: no record lost or read
+twice across the two runs; event time stops in every instance once told, so nothing fires
+after the savepoint's barrier in this run: what is open stays in the savepoint, and the
+restored job fires it. The savepoint goes through :mod:`._checkpoints`; the wait and the
+commit are :mod:`._lifecycle`'s.
 """
 from __future__ import annotations
 
@@ -54,20 +57,21 @@ def drain(job, savepoint: str | None, timeout: float | None) -> str | None:
 def end_inputs(job, after: str | None) -> int:
     """Tell every source instance of ``job`` to end its input (see
     :class:`~streamlb._worker._commands.EndInput`): now, or (``after``, a savepoint's path
-    as the instances know it) right after that savepoint's barrier. Returns how many
-    sources will end because of it."""
+    as the instances know it) right after that savepoint's barrier; then every other
+    instance is told too, and event time stops everywhere (what is open stays in the
+    savepoint). Returns how many instances answered that something changes."""
     from .._worker._commands import EndInput
 
     timeout = config.seconds("stop-timeout")
     cmd = EndInput(after)
-    sources = [(k, a) for k, a in list(job.actors.items()) if job.plan.stages[k[0]].is_source]
-    asked = [(k, a.command(cmd)) for k, a in sources]
+    told = [(k, a) for k, a in list(job.actors.items()) if after is not None or job.plan.stages[k[0]].is_source]
+    asked = [(k, a.command(cmd)) for k, a in told]
     ending = 0
     for k, f in asked:
         try:
             ending += bool(f.result(timeout=timeout))
         except Exception as exc:        # a lost worker: the wait recovers it or fails the job
-            logger.warning("job %s: source %s[%d] was not told to end its input: %s: %s", job.id,
+            logger.warning("job %s: instance %s[%d] was not told to end its input: %s: %s", job.id,
                            job.plan.stages[k[0]].name, k[1], type(exc).__name__, exc)
     return ending
 

@@ -114,13 +114,16 @@ class Resume(Command):
 
 @dataclass(frozen=True)
 class EndInput(Command):
-    """Source, from the driver when the job drains: stop reading where the stream is and end
-    it as a bounded source's ends (what it emitted is processed downstream and the job
-    finishes). ``after`` None: between the next two batches; else the path of a savepoint
+    """From the driver when the job drains. A source: stop reading where the stream is and
+    end it as a bounded source's ends (what it emitted is processed downstream and the job
+    finishes); ``after`` None: between the next two batches; else the path of a savepoint
     (as the coordinator names it to the instances): right after that savepoint's barrier,
-    so that the savepoint holds exactly what was emitted. Answers whether the stream will
-    end now (False: it had ended or been told to already). Refused (StreamlbError) by an
-    instance that is not a source."""
+    so that the savepoint holds exactly what was emitted. With ``after``, any instance
+    (sources too) also stops event time from now on (Flink's stop-with-savepoint without
+    drain): no watermark fires or is forwarded, nor does the end of input fire what is
+    open, which stays in the savepoint for the restored job. Answers whether anything
+    changes (False: a source that had ended or been told to already, or ``after`` None
+    to an instance that is not a source)."""
 
     after: str | None = None
 

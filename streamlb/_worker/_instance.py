@@ -249,7 +249,8 @@ class Instance:
         self.life.move_to(Phase.CLOSING)    # the process loop is gone: the control lane is read no more
         await self.ckpt.flush()
         await self.tasks.join_spawned()
-        await self.op.on_end()
+        if not self.watermarks.suspended:   # drained into a savepoint: what is open stays in it
+            await self.op.on_end()
         self.sinks.close()
         for ex in self.exchanges.values():
             await ex.end()
@@ -428,11 +429,14 @@ class Instance:
         return await self.participant.handle(cmd)
 
     def _end_input(self, cmd: EndInput) -> bool:
-        """The job drains: this source's stream ends where it is (see ``Source.end_input``)."""
-        if self.source is None:
-            raise StreamlbError(f"instance {self.label} is not a source: only a source's input ends")
+        """The job drains: a source's stream ends where it is (see ``Source.end_input``);
+        into a savepoint, event time stops here as well (``Watermarks.suspend``)."""
         if self.life.phase in (Phase.FAILED, Phase.STOPPED, Phase.RETIRED):
             return False
+        if cmd.after is not None:
+            self.watermarks.suspend()
+        if self.source is None:
+            return cmd.after is not None
         return self.source.end_input(cmd.after)
 
     # -- wiring, while it runs ----------------------------------------------------------------------

@@ -97,6 +97,7 @@ class Watermarks:
         self.sent: tuple | None = None
         self.lock = asyncio.Lock()
         self.active = self.clock is not None    # any watermark seen or made here
+        self.suspended = False                  # the job drains into a savepoint: event time stops here
         # migrations this instance takes part in: epoch -> (the watermark forwarded when it
         # began, when); nothing higher is forwarded until the epoch is recorded everywhere
         self.frozen: dict[int, tuple[int, float]] = {}
@@ -204,6 +205,8 @@ class Watermarks:
         """``refire``: give the operator the watermark again even if it did not rise (a
         store that held moving groups back fires them by it now)."""
         async with self.lock:
+            if self.suspended:
+                return
             if wm > self.own:
                 self.own = wm
                 if self._gated():
@@ -220,6 +223,12 @@ class Watermarks:
                 msg = Watermark(int(fwd), idle, made_at)
                 for ex in list(self.inst.exchanges.values()):
                     await ex.watermark(msg)
+
+    def suspend(self) -> None:
+        """The job drains into a savepoint (``Job.drain``): from now on nothing fires here on
+        event time and no watermark is forwarded, so what is open (windows, timers, join
+        rows) stays in the state the savepoint takes, for the job restored from it to fire."""
+        self.suspended = True
 
     # -- migrations: what moves is emitted before the watermark passes it ----------------------
     def freeze(self, epoch: int) -> None:
