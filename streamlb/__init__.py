@@ -10,6 +10,7 @@ from .exceptions import (
     JavaNotFoundError,
     JobFailedError,
     JobReleasedError,
+    JobServiceError,
     KeyTypeError,
     MigrationError,
     PipelineError,
@@ -32,11 +33,13 @@ __version__ = "0.1.0"
 
 # Submodules loaded on first use: ``import streamlb`` stays light (no PySpark, no
 # matplotlib), and ``streamlb.datasets.zipf(...)`` works without importing it first.
-_LAZY_MODULES = ("datasets", "simulator", "scaler", "cli", "config", "nodes", "planner", "runtime", "plugin")
+_LAZY_MODULES = ("datasets", "simulator", "scaler", "cli", "config", "nodes", "planner", "runtime", "plugin",
+                 "service")
 #: The user API, loaded on first use: a worker process imports ``streamlb`` (the package of
 #: every actor it runs) but never the planner, the nodes or streamz (docs/runtime.md, "Layers").
 _LAZY_NAMES = {"run": "runtime", "Job": "runtime", "METRIC_COLUMNS": "runtime", "IMBALANCE_COLUMNS": "runtime",
-               "BalancerPlugin": "plugin"}
+               "BalancerPlugin": "plugin", "submit": "service", "jobs": "service", "attach": "service",
+               "RemoteJob": "service"}
 
 # The nodes register on ``streamz.Stream`` as soon as streamz is imported, before or after
 # streamlb: ``import streamlb`` followed by ``Stream.from_parquet`` works as it always did,
@@ -62,6 +65,10 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "run",
+    "submit",
+    "jobs",
+    "attach",
+    "RemoteJob",
     "simulate",
     "Job",
     "METRIC_COLUMNS",
@@ -88,6 +95,7 @@ __all__ = [
     "UserFunctionError",
     "JobFailedError",
     "JobReleasedError",
+    "JobServiceError",
     "MigrationError",
     "CommandError",
     "CheckpointError",

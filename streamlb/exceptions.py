@@ -18,6 +18,7 @@ __all__ = [
     "JavaNotFoundError",
     "UserFunctionError",
     "JobFailedError",
+    "JobServiceError",
     "JobReleasedError",
     "MigrationError",
     "ReconfigurationError",
@@ -125,6 +126,13 @@ class CheckpointError(StreamlbError, RuntimeError):
     the checkpoint is partial or corrupt (no manifest, a missing file, a checksum mismatch),
     or the graph restored into does not match it. The message names the file or the
     mismatch."""
+
+
+class JobServiceError(StreamlbError, RuntimeError):
+    """A request to a cluster's job service was refused before it changed anything (an
+    unknown job name, a name a running job holds, a pipeline whose results only a client
+    could receive, no service on the scheduler), or a submitted job's driver could not carry
+    it out. The message names the job and says what would be valid."""
 
 
 class StreamlbWarning(UserWarning):

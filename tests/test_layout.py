@@ -32,9 +32,10 @@ LAYER = {
                      "_registry", "balancer", "scaler", "simulator", "_shuffle", "_plot"), 1),
     **dict.fromkeys(("_plan", "_state", "_sources", "_sinks", "_checkpoint"), 2),
     "_worker": 3,
-    **dict.fromkeys(("_migration", "_observe", "plugin"), 4),
+    **dict.fromkeys(("_migration", "_observe", "plugin", "_jobs"), 4),
     **dict.fromkeys(("_job", "_reconfig", "_recovery", "_placement"), 5),
-    **dict.fromkeys(("nodes", "planner", "cli", "datasets", "runtime", "nexmark", "__main__", "_streamz_hook"), 6),
+    **dict.fromkeys(("nodes", "planner", "cli", "datasets", "runtime", "nexmark", "__main__", "_streamz_hook",
+                     "service"), 6),
 }
 #: What a worker process must never have loaded (the user API and what only it needs).
 USER_API = ("streamlb.planner", "streamlb.nodes", "streamlb.runtime", "streamz")
