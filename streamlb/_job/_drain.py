@@ -47,11 +47,36 @@ def drain(job, savepoint: str | None, timeout: float | None) -> str | None:
         except CheckpointError as exc:      # the sources end all the same: the job drains
             failed = exc
     end_inputs(job, None)           # every source not ended yet (all of them without a savepoint)
-    life.wait(None if deadline is None else max(deadline - time.time(), 0.0), False)
+    _until_finished(job, deadline, savepoint)
     if failed is not None:
         raise CheckpointError(f"job {job.id} drained and finished, but its savepoint to {savepoint!r} did not "
                               f"complete: {failed}") from failed
     return saved
+
+
+def _until_finished(job, deadline: float | None, savepoint: str | None) -> None:
+    """Wait for the job to finish (committing it), by the job's own wait. A recovery from
+    a lost worker meanwhile restores instances whose sources had not ended: they are told
+    again (into a savepoint, this run's outputs then no longer end where the savepoint
+    does: said in the log)."""
+    life = job._lifecycle
+    actors = job.actors
+    while True:
+        left = None if deadline is None else deadline - time.time()
+        try:
+            life.wait(1.0 if left is None else max(min(left, 1.0), 0.0), False)
+            return
+        except TimeoutError:
+            if left is not None and left <= 1.0:
+                raise TimeoutError(f"job {job.id} still draining after the timeout; it keeps draining "
+                                   "(Job.wait() finishes it)") from None
+        if job.actors is not actors:        # recovered (or reconfigured): new instances
+            actors = job.actors
+            if savepoint is not None:
+                logger.warning("job %s: instances were replaced (a recovery) while it drained into savepoint %s: "
+                               "this run's outputs no longer end where the savepoint does, so a job restored "
+                               "from it may repeat or miss the outputs of some records", job.id, savepoint)
+            end_inputs(job, None)
 
 
 def end_inputs(job, after: str | None) -> int:
