@@ -223,3 +223,40 @@ def test_windows_open_at_a_drain_savepoint_are_emitted_once_by_the_restored_job(
     got = emitted([_written(outs, "windows")])
     check(got, expected(pd.concat(frames, ignore_index=True), "tumbling", size=5 * S, slide=5 * S))
     assert 0 < len(first) < len(got)
+
+
+def test_a_kafka_fed_job_drains_into_a_savepoint_and_the_restored_job_reads_the_rest_once(two_workers, kafka,
+                                                                                          tmp_path):
+    """Offsets in the savepoint; running counts written to a topic in transactions: read
+    committed, the two runs' outputs hold one count per record, exact."""
+    from kafka_broker import topic_name
+    from test_kafka import _expected_counts, _read_counts, _records, _running_counts, _same_rows, _values
+
+    topic, out = kafka.create_topic(topic_name("drain"), partitions=2), kafka.create_topic(topic_name("dout"), 2)
+    parts = [_records(4_000, seed=s) for s in (31, 32)]
+    kafka.produce(topic, _values(parts[0]))
+    sp = str(tmp_path / "savepoint")
+
+    def job_of(**kw):
+        src = Stream.from_kafka_topic(topic, kafka.consumer_conf, decode="json", offsets="earliest",
+                                      batch_size=500)
+        src.key_by("key").aggregate(SPEC, name="totals")
+        _running_counts(src, out, kafka)
+        return streamlb.run(src, client=two_workers, balancer="static", **kw)
+
+    job = job_of(checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
+    try:
+        _wait_read(job, len(parts[0]), timeout=90)
+        assert job.drain(savepoint=sp, timeout=60) == sp
+        assert job.status == "done"
+    finally:
+        job.stop()
+    _same_rows(_read_counts(kafka, out), _expected_counts(parts[0]))
+    kafka.produce(topic, _values(parts[1]))         # while no job runs
+    job = job_of(restore=sp)
+    try:
+        _wait_read(job, len(parts[0]) + len(parts[1]), timeout=90)
+        assert job.drain(timeout=60) is None
+    finally:
+        job.stop()
+    _same_rows(_read_counts(kafka, out), _expected_counts(pd.concat(parts)))
