@@ -10,6 +10,7 @@ every record exactly once, against pandas over the same input.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,9 @@ def _killed_driver(tmp_path, address: str, path: str, out: str, ck: str, sink: s
 
     manifest, _ = read_manifest(ck)
     assert manifest["id"] >= KILL_AT
+    # it sealed outputs that the dead driver never committed
+    sealed = manifest["outputs"][sink]
+    assert sealed if sink == "parquet" else sum(t["messages"] for t in sealed["transactions"])
 
 
 def _resume(address: str, node, ck: str):
@@ -123,3 +127,22 @@ def test_to_parquet_outputs_sealed_by_a_checkpoint_are_committed_by_the_run_that
     _check(frame, records, updates, job.state("totals"))
     for name in ("records", "updates"):       # nothing left staged: the dead driver's files too
         assert not os.path.exists(os.path.join(out, name, "_temporary"))
+
+
+@pytest.mark.cluster
+def test_to_kafka_topic_transactions_sealed_by_a_checkpoint_are_committed_by_the_run_that_resumes_it(
+        cli_cluster, data, kafka, tmp_path):
+    """The dead driver's instances never commit the transactions the checkpoint sealed, and
+    leave others open: the resumed run fences their transactional ids and writes the sealed
+    ones again from what the checkpoint kept; read_committed sees every record once."""
+    from kafka_broker import topic_name
+
+    path, frame = data
+    ck = str(tmp_path / "ck")
+    topics = {"bootstrap": kafka.bootstrap, "updates": kafka.create_topic(topic_name("updates"), partitions=2),
+              "records": kafka.create_topic(topic_name("records"), partitions=2)}
+    _killed_driver(tmp_path, cli_cluster, path, "", ck, sink="kafka", kafka=topics)
+    job = _resume(cli_cluster, build(path, "", "kafka", topics), ck)
+    read = {name: pd.DataFrame([json.loads(v) for _, _, _, v in kafka.read_all(topics[name])])
+            for name in ("records", "updates")}
+    _check(frame, read["records"], read["updates"], job.state("totals"))

@@ -353,7 +353,7 @@ class Checkpointer:
 
         with self._outputs:
             sealed = [s for s in self.staged if _due(s, cid)]
-        return self.job._results.outputs.sealed(sealed, keep)
+        return self.job._results.outputs.sealed(sealed, keep, cid)
 
     def stage_outputs(self, segment: dict, label: int | None) -> None:
         """Outputs of one instance: those before checkpoint ``label``'s barrier, or (None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ._base import Committer, SinkContext, SinkWriter, merge
 from ._dead import DeadCommitter, DeadLetters
+from ._kafka import KafkaCommitter
 from ._list import ListCommitter, ListWriter
 from ._parquet import ParquetCommitter, ParquetWriter
 
@@ -31,7 +32,7 @@ WRITERS: dict[str, type[SinkWriter]] = {"list_sink": ListWriter, "parquet_sink":
                                         "kafka_sink": _kafka}
 
 # the driver's side of the sinks whose outputs it commits
-COMMITTERS: list[type[Committer]] = [ListCommitter, ParquetCommitter, DeadCommitter]
+COMMITTERS: list[type[Committer]] = [ListCommitter, ParquetCommitter, KafkaCommitter, DeadCommitter]
 
 
 def writer_key(step) -> tuple:
@@ -63,8 +64,8 @@ class Committers:
             if c.segment is not None and outputs.get(c.segment):
                 c.commit(outputs[c.segment])
 
-    def sealed(self, segments: list[dict], keep) -> dict:
-        """What a checkpoint's manifest records (its ``outputs``) of ``segments``, the
+    def sealed(self, segments: list[dict], keep, cid: int) -> dict:
+        """What checkpoint ``cid``'s manifest records (its ``outputs``) of ``segments``, the
         instances' outputs it sealed that are not committed yet: by committer name (see
         :meth:`Committer.sealed`)."""
         out = {}
@@ -74,7 +75,7 @@ class Committers:
             part: dict = {}
             for s in segments:
                 merge(part, "p", s.get(c.segment))
-            recorded = c.sealed(part.get("p"), keep) if part else None
+            recorded = c.sealed(part.get("p"), keep, cid) if part else None
             if recorded is not None:
                 out[c.name] = recorded
         return out

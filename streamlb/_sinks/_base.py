@@ -124,10 +124,10 @@ class Committer:
     def commit(self, part) -> None:
         """Make ``part`` (a writer's sealed or reported outputs, merged) visible."""
 
-    def sealed(self, part, keep) -> Any:
-        """What a checkpoint's manifest records of ``part`` (this kind's outputs that the
-        checkpoint sealed and that are not committed yet, merged) for another process to
-        commit them with :meth:`resume`: a JSON-like value. ``keep(name, write)`` stores
+    def sealed(self, part, keep, cid: int) -> Any:
+        """What the manifest of checkpoint ``cid`` records of ``part`` (this kind's outputs
+        that the checkpoint sealed and that are not committed yet, merged) for another
+        process to commit them with :meth:`resume`: a JSON-like value. ``keep(name, write)`` stores
         data beside the manifest (``write(fh)`` writes it to an open binary file) and
         returns the path to give :meth:`resume`'s ``read``. None: nothing to record."""
         return None

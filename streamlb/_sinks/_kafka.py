@@ -12,13 +12,24 @@ after it was never committed, and its replacement, which takes the same transact
 old producer). ``job.stop()`` aborts what no checkpoint committed.
 
 The commit is the writer's own (:meth:`KafkaWriter.completed`, :meth:`KafkaWriter.commit_all`):
-a transaction can only be committed by the producer that holds it, so this sink has no
-driver-side committer; the driver's part is to tell the instances that a checkpoint
-completed or the job finished.
+a transaction can only be committed by the producer that holds it; the driver's part is to
+tell the instances that a checkpoint completed or the job finished.
 
-The one gap, shared with every Kafka client without KIP-939: a worker lost after a
-checkpoint completed but before its instance committed loses that transaction's rows
-(the replay starts after them).
+A transaction of a dead producer cannot be committed by anyone else (librdkafka has no
+KIP-939), so what a checkpoint sealed is also kept for whoever resumes it, should its
+driver or a worker die between the manifest and the commit. Each sealed transaction's
+messages go to the driver with the instance's acknowledgement (:meth:`KafkaWriter.seal`),
+which keeps them beside the manifest (:meth:`KafkaCommitter.sealed`); and each sealed
+transaction commits, atomically with its messages, a *mark*: the id of the checkpoint
+that sealed it, as the committed offset of partition 0 of the topic for a consumer group
+of the writer's own (its transactional ids' prefix; ``send_offsets_to_transaction``). A
+writer commits its transactions in the order of their marks. Whoever resumes the
+checkpoint (:meth:`KafkaCommitter.resume`) first fences every transactional id of the
+writers the checkpoint names (their ``init_transactions`` aborts what was left open, so a
+``read_committed`` reader is not held back by it), then reads each writer's mark: a sealed
+transaction whose mark is not there was never committed, and is written again from the
+kept messages, in one transaction with its mark. A second resume, or one after a resume
+that stopped half-way, finds the marks and writes nothing twice.
 """
 from __future__ import annotations
 
@@ -29,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import PipelineError
-from ._base import SinkWriter
+from ._base import Committer, SinkWriter
 
 logger = logging.getLogger("streamlb.sinks.kafka")
 
@@ -38,6 +49,43 @@ COMMIT_EVERY = 1.0      # s between commits without checkpoints
 TIMEOUT = 30.0          # s for the broker's answers (init, commit, abort, flush)
 RETRIES = 5             # rewrites of a transaction the broker may have lost
 FINAL = 2 ** 62         # the pending "checkpoint" of rows after an instance's last barrier
+
+
+def _mark(cid: int) -> int | None:
+    """The mark a transaction sealed for checkpoint ``cid`` commits with: ``cid``; None for
+    the final rows (-1, :data:`FINAL`), whose checkpoint is not known yet or never comes."""
+    return cid if 0 <= cid < FINAL else None
+
+
+def connection(config: dict) -> dict:
+    """What of a producer's ``config`` a consumer of the same cluster needs: where it is,
+    how to authenticate.
+
+    >>> connection({"bootstrap.servers": "b:9092", "linger.ms": 5, "sasl.mechanism": "PLAIN"})
+    {'bootstrap.servers': 'b:9092', 'sasl.mechanism': 'PLAIN'}
+    """
+    keep = ("bootstrap.servers", "client.id", "security.protocol", "socket.", "sasl.", "ssl.")
+    return {k: v for k, v in config.items() if k.startswith(keep)}
+
+
+def send_mark(producer, topic: str, mark: int, group) -> None:
+    """Add ``mark`` to ``producer``'s open transaction: the committed offset of ``topic``'s
+    partition 0 for consumer group ``group`` (its metadata), visible once it commits."""
+    from confluent_kafka import TopicPartition
+
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, mark)], group, TIMEOUT)
+
+
+def produce(p, topic: str, values: list, keys: list) -> None:
+    """Messages (``values`` with ``keys``) to ``topic`` through producer ``p``."""
+    for v, k in zip(values, keys):
+        while True:
+            try:
+                p.produce(topic, v, k)
+                break
+            except BufferError:         # the local queue is full: let it drain
+                p.poll(0.05)
+    p.poll(0)
 
 
 def encoded(df: pd.DataFrame, encode, where: str) -> list:
@@ -71,6 +119,7 @@ class KafkaWriter(SinkWriter):
     """
 
     kind = "kafka_sink"
+    segment = "kafka"
 
     def __init__(self, step, ctx) -> None:
         super().__init__(step, ctx)
@@ -85,6 +134,7 @@ class KafkaWriter(SinkWriter):
         self.current: int | None = None      # slot with an open transaction taking rows
         self.began = 0.0
         self.pending: dict[int, list[int]] = {}   # checkpoint id -> slots flushed, to commit
+        self._group = None                  # the consumer group metadata the marks are committed for
 
     def _checkpointed(self) -> bool:
         return self.ctx.staged
@@ -160,15 +210,7 @@ class KafkaWriter(SinkWriter):
         return False
 
     def _produce(self, p, values: list, keys: list) -> None:
-        topic = self.opts["topic"]
-        for v, k in zip(values, keys):
-            while True:
-                try:
-                    p.produce(topic, v, k)
-                    break
-                except BufferError:         # the local queue is full: let it drain
-                    p.poll(0.05)
-        p.poll(0)
+        produce(p, self.opts["topic"], values, keys)
 
     def _open(self):
         if self.current is None:
@@ -179,7 +221,7 @@ class KafkaWriter(SinkWriter):
                 logger.warning("%s: %d checkpoints await completion; committing checkpoint %d's rows early",
                                self.where, len(self.pending), oldest)
                 for s in self.pending.pop(oldest):
-                    self._commit(s)
+                    self._commit(s, _mark(oldest))
                 free = [s for s in range(SLOTS) if s not in {x for v in self.pending.values() for x in v}]
             self.current = free[0]
             self._begin(self.current)
@@ -191,16 +233,22 @@ class KafkaWriter(SinkWriter):
         self.suspect.discard(slot)
         self.producers[slot].begin_transaction()
 
-    def _commit(self, slot: int) -> None:
-        """Commit slot's transaction; a suspect one (or one the broker refuses as abortable)
-        is aborted and written again first, up to ``RETRIES`` times."""
+    def _commit(self, slot: int, mark: int | None = None) -> None:
+        """Commit slot's transaction (with ``mark``, the id of the checkpoint that sealed it,
+        when the job checkpoints: see the module docstring); a suspect one (or one the
+        broker refuses as abortable) is aborted and written again first, up to ``RETRIES``
+        times."""
         from confluent_kafka import KafkaException
 
+        marked = mark is None or not self._checkpointed()
         for attempt in range(RETRIES + 1):
             p = self.producers[slot]         # (a new one after a rewrite)
             p.poll(0)                        # runs the error callbacks: is it suspect?
             try:
                 if slot not in self.suspect:
+                    if not marked:
+                        send_mark(p, self.opts["topic"], mark, self._group_metadata())
+                        marked = True
                     p.commit_transaction(TIMEOUT)
                     self.kept[slot] = []
                     return
@@ -218,6 +266,7 @@ class KafkaWriter(SinkWriter):
             if attempt:
                 time.sleep(0.5 * 2 ** (attempt - 1))      # the broker may still be on its way back
             self._redo(slot, why)
+            marked = mark is None or not self._checkpointed()     # a new transaction: its mark too
         n = sum(len(v) for v, _ in self.kept[slot])
         raise PipelineError(f"{self.where}: could not commit a transaction of {n} "
                             f"messages after {RETRIES} retries ({why}); bootstrap.servers="
@@ -243,11 +292,27 @@ class KafkaWriter(SinkWriter):
             self.suspect.add(slot)
             logger.warning("%s: the rewrite failed: %s", self.where, e)
 
-    def seal(self, cid: int) -> None:
+    def _group_metadata(self):
+        """The consumer group the marks are committed for: the writer's own (its prefix)."""
+        if self._group is None:
+            from confluent_kafka import Consumer
+
+            self._group = Consumer({**connection(self.opts["producer_config"]),
+                                    "group.id": self._prefix}).consumer_group_metadata()
+        return self._group
+
+    def seal(self, cid: int) -> list[dict] | None:
         """Checkpoint ``cid``'s barrier passed: the rows since the previous one wait for it
-        (the final outputs, -1, are committed by :meth:`commit_all` or :meth:`linger`'s)."""
+        (the final outputs, -1, are committed by :meth:`commit_all` or :meth:`linger`'s).
+        Returns, for the driver to keep, this writer (its transactional ids) and the
+        transactions that wait for ``cid`` (or, -1, for the next checkpoint to complete),
+        each with its messages and mark."""
+        if not self._checkpointed():
+            return None
         if cid >= 0:
             self._seal(cid)
+        sealed = [{"slot": s, "mark": _mark(cid), "messages": self.kept[s]} for s in self.pending.get(cid, ())]
+        return [{"topic": self.opts["topic"], "prefix": self._prefix, "slots": SLOTS, "sealed": sealed}]
 
     def _seal(self, cid: int) -> None:
         """Rows up to now are checkpoint ``cid``'s: flushed, committed once it completes
@@ -264,9 +329,11 @@ class KafkaWriter(SinkWriter):
             self.current = None
 
     def completed(self, cid: int) -> None:
-        for c in sorted(c for c in self.pending if c <= cid):
+        """Commit the transactions sealed up to ``cid``, in the order of their marks: a
+        retired instance's last ones (-1, after every barrier it saw) with ``cid``'s."""
+        for c in sorted((c for c in self.pending if c <= cid), key=lambda c: (c < 0, c)):
             for s in self.pending.pop(c):
-                self._commit(s)
+                self._commit(s, cid if c < 0 else c)
 
     def close(self) -> None:
         """End of stream: commit what is left (checkpoints pending first, in order). With
@@ -280,9 +347,9 @@ class KafkaWriter(SinkWriter):
 
     def commit_all(self) -> None:
         """The job finished: commit every transaction, in order."""
-        for c in sorted(self.pending):
+        for c in sorted(self.pending, key=lambda c: (c < 0, c)):
             for s in self.pending.pop(c):
-                self._commit(s)
+                self._commit(s, _mark(c))
         if self.current is not None:
             self._commit(self.current)
             self.current = None
@@ -318,3 +385,133 @@ class KafkaWriter(SinkWriter):
             self.kept[s] = []
         self.pending.clear()
         self.current = None
+
+
+class KafkaCommitter(Committer):
+    """The driver's side of ``to_kafka_topic``: nothing to commit (each writer commits its
+    own transactions), but what a checkpoint sealed is kept for whoever resumes it, and
+    written again there if it never committed (see the module docstring)."""
+
+    name = "kafka"
+    segment = "kafka"
+
+    def sealed(self, part, keep, cid: int) -> dict | None:
+        """The writers of ``part`` (every one whose instance acknowledged: their
+        transactional ids are fenced on a resume) and the transactions it sealed, with their
+        marks (a retired instance's last ones: ``cid``'s); the messages in one file,
+        ``kafka.arrow`` (``txn``: the transaction's index in ``transactions``, ``key``,
+        ``value``)."""
+        import pyarrow as pa
+
+        writers: dict[str, dict] = {}
+        txns, cols = [], {"txn": [], "key": [], "value": []}
+        for w in part or ():
+            writers[w["prefix"]] = {"topic": w["topic"], "prefix": w["prefix"], "slots": w["slots"]}
+            for t in w["sealed"]:
+                n = 0
+                for values, keys in t["messages"]:
+                    cols["value"].extend(values)
+                    cols["key"].extend(keys)
+                    n += len(values)
+                cols["txn"].extend([len(txns)] * n)
+                txns.append({"id": f"{w['prefix']}-s{t['slot']}", "group": w["prefix"], "topic": w["topic"],
+                             "mark": cid if t["mark"] is None else t["mark"], "messages": n})
+        if not writers:
+            return None
+        out = {"writers": sorted(writers.values(), key=lambda w: w["prefix"]), "transactions": txns}
+        if txns:
+            table = pa.table({"txn": pa.array(cols["txn"], pa.int32()), "key": pa.array(cols["key"], pa.binary()),
+                              "value": pa.array(cols["value"], pa.binary())})
+
+            def write(fh) -> None:
+                with pa.ipc.new_file(fh, table.schema) as w:
+                    w.write_table(table)
+            out["file"] = keep("kafka.arrow", write)
+        return out
+
+    def resume(self, recorded, read) -> None:
+        """Fence every transactional id of the recorded writers, then write again, each in
+        one transaction with its mark, the sealed transactions whose mark is not there."""
+        if not recorded:
+            return
+        configs = self._configs()
+        producers = {}
+        for w in recorded["writers"]:
+            config = configs.get(w["topic"])
+            if config is None:
+                logger.warning("to_kafka_topic(%r) is not in this graph: the transactions the checkpoint sealed "
+                               "for it are not committed, nor those its writers left open aborted", w["topic"])
+                continue
+            for slot in range(w["slots"]):
+                tid = f"{w['prefix']}-s{slot}"
+                producers[tid] = _fenced(config, tid)
+        txns = [t for t in recorded["transactions"] if t["id"] in producers]
+        if not txns:
+            return
+        groups = {}         # group -> a consumer of it: its committed mark, its metadata
+        try:
+            for t in txns:
+                if t["group"] not in groups:
+                    groups[t["group"]] = _group(configs[t["topic"]], t["group"])
+            redo = [(i, t) for i, t in enumerate(recorded["transactions"])
+                    if t["id"] in producers and t["mark"] > _committed_mark(groups[t["group"]], t["topic"])]
+            if redo:
+                self._redo(redo, producers, groups, read(recorded["file"]))
+        finally:
+            for c in groups.values():
+                c.close()
+
+    @staticmethod
+    def _redo(redo: list, producers: dict, groups: dict, fh) -> None:
+        """Write each transaction of ``redo`` (``(index, record)``) again, with its mark,
+        from the kept messages (file ``fh``)."""
+        import pyarrow as pa
+
+        with fh:
+            table = pa.ipc.open_file(fh).read_all()
+        txn = table["txn"].to_numpy()
+        for i, t in sorted(redo, key=lambda it: it[1]["mark"]):
+            rows = table.filter(pa.array(txn == i))
+            p = producers[t["id"]]
+            p.begin_transaction()
+            produce(p, t["topic"], rows["value"].to_pylist(), rows["key"].to_pylist())
+            send_mark(p, t["topic"], t["mark"], groups[t["group"]].consumer_group_metadata())
+            p.commit_transaction(TIMEOUT)
+            logger.warning("to_kafka_topic(%r): %d messages that checkpoint %d sealed had not been committed: "
+                           "written again", t["topic"], len(rows), t["mark"])
+
+    def _configs(self) -> dict[str, dict]:
+        """Topic -> producer config of this graph's ``to_kafka_topic`` sinks."""
+        from . import sink_steps
+
+        out = {}
+        for st in self.plan.stages:
+            for step in sink_steps([*st.children, *st.late]):
+                if step.kind == "kafka_sink":
+                    out[step.kwargs["topic"]] = {"linger.ms": 5, **step.kwargs["producer_config"]}
+        return out
+
+
+def _fenced(config: dict, tid: str):
+    """A producer with transactional id ``tid``: its ``init_transactions`` aborts what an
+    earlier producer of that id left open."""
+    from confluent_kafka import Producer
+
+    p = Producer({**config, "transactional.id": tid})
+    p.init_transactions(TIMEOUT)
+    return p
+
+
+def _group(config: dict, group: str):
+    """A consumer of consumer group ``group`` (joining nothing): to read its marks."""
+    from confluent_kafka import Consumer
+
+    return Consumer({**connection(config), "group.id": group, "isolation.level": "read_committed"})
+
+
+def _committed_mark(consumer, topic: str) -> int:
+    """The mark committed for ``consumer``'s group with ``topic`` (-1: none yet)."""
+    from confluent_kafka import TopicPartition
+
+    [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=TIMEOUT)
+    return tp.offset if tp.offset >= 0 else -1

@@ -120,7 +120,7 @@ class ParquetCommitter(Committer):
                 os.makedirs(path, exist_ok=True)
                 os.replace(fn, os.path.join(path, os.path.basename(fn)))
 
-    def sealed(self, part, keep) -> list[list[str]]:
+    def sealed(self, part, keep, cid: int) -> list[list[str]]:
         """``[staged file, final name]`` of each file of ``part``."""
         return [[fn, os.path.join(path, os.path.basename(fn))] for path, fn in part or ()]
 
