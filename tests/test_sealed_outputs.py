@@ -146,3 +146,72 @@ def test_to_kafka_topic_transactions_sealed_by_a_checkpoint_are_committed_by_the
     read = {name: pd.DataFrame([json.loads(v) for _, _, _, v in kafka.read_all(topics[name])])
             for name in ("records", "updates")}
     _check(frame, read["records"], read["updates"], job.state("totals"))
+
+
+# -- the committers' resume, idempotent --------------------------------------------------------
+def _plan(parquet=(), kafka=None):
+    """A plan with ``to_parquet`` paths and one ``to_kafka_topic`` step (``kafka``: its kwargs)."""
+    from types import SimpleNamespace
+
+    from streamlb._plan._step import Step
+
+    steps = [Step("kafka_sink", target=0, kwargs=kafka)] if kafka else []
+    return SimpleNamespace(parquet_paths=list(parquet), list_sinks={},
+                           stages=[SimpleNamespace(children=steps, late=[])])
+
+
+def test_a_parquet_commit_stopped_half_way_is_completed_once_and_the_rest_of_temporary_dropped(tmp_path):
+    from streamlb._sinks import Committers
+
+    out = tmp_path / "out"
+    (out / "_temporary").mkdir(parents=True)
+    staged = [out / "_temporary" / f"part-000-000{i}-abc-c00001.parquet" for i in range(3)]
+    for i, f in enumerate(staged):
+        pd.DataFrame({"rid": [i]}).to_parquet(f)
+    later = out / "_temporary" / "part-000-0000-abc-c00002.parquet"      # staged after the checkpoint
+    pd.DataFrame({"rid": [9]}).to_parquet(later)
+    committers = Committers(_plan([str(out)]), [], job="new")
+    recorded = committers.sealed([{"files": [[str(out), str(f)]]} for f in staged], None, 1)
+    os.replace(staged[0], out / staged[0].name)         # the dead driver moved one of them
+    for _ in range(2):
+        committers.resume(recorded, None)
+        assert sorted(pd.read_parquet(out)["rid"]) == [0, 1, 2]
+        assert not os.listdir(out / "_temporary")
+
+
+def test_kafka_transactions_sealed_are_written_again_once_and_open_ones_aborted(kafka, tmp_path):
+    """Of two transactions a checkpoint sealed, the writer committed the first (with its
+    mark) and left the second open, with a third one after the checkpoint: a resume writes
+    the second again and aborts the third; a second resume writes nothing."""
+    from kafka_broker import topic_name
+    from streamlb._sinks import Committers
+    from streamlb._sinks._kafka import connection, send_mark
+
+    topic = kafka.create_topic(topic_name("sealed"))
+    config = {"bootstrap.servers": kafka.bootstrap}
+    prefix = f"streamlb-{topic}-0-0-k0"
+    batches = {slot: ([f"{slot}-{i}".encode() for i in range(3)], [None] * 3) for slot in range(3)}
+    group = kafka.consumer(**connection(config), **{"group.id": prefix}).consumer_group_metadata()
+    producers = [kafka.producer(**{"transactional.id": f"{prefix}-s{slot}"}) for slot in range(3)]
+    for slot, p in enumerate(producers):
+        p.init_transactions(10)
+        p.begin_transaction()
+        for v in batches[slot][0]:
+            p.produce(topic, v)
+        p.flush(10)
+    send_mark(producers[0], topic, 4, group)        # sealed by checkpoint 4, committed
+    producers[0].commit_transaction(10)
+    part = {"kafka": [{"topic": topic, "prefix": prefix, "slots": 4,
+                       "sealed": [{"slot": 0, "mark": 4, "messages": [batches[0]]},
+                                  {"slot": 1, "mark": 5, "messages": [batches[1]]}]}]}
+
+    def keep(name, write):
+        with open(tmp_path / name, "wb") as fh:
+            write(fh)
+        return str(tmp_path / name)
+    committers = Committers(_plan(kafka={"topic": topic, "producer_config": config}), [], job="new")
+    recorded = committers.sealed([part], keep, 5)
+    for _ in range(2):
+        committers.resume(recorded, lambda path: open(path, "rb"))
+        got = sorted(v for _, _, _, v in kafka.read_all(topic, timeout=10))
+        assert got == sorted(batches[0][0] + batches[1][0])
