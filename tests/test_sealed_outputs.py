@@ -215,3 +215,12 @@ def test_kafka_transactions_sealed_are_written_again_once_and_open_ones_aborted(
         committers.resume(recorded, lambda path: open(path, "rb"))
         got = sorted(v for _, _, _, v in kafka.read_all(topic, timeout=10))
         assert got == sorted(batches[0][0] + batches[1][0])
+
+
+def test_a_manifest_of_an_earlier_version_or_of_a_savepoint_commits_nothing():
+    """Manifests written before ``outputs`` existed still restore: nothing to commit (the job,
+    None here, is not touched); a savepoint's outputs commit with its job's next checkpoint."""
+    from streamlb._recovery._restore import resume_outputs
+
+    resume_outputs(None, {"format": 1, "kind": "checkpoint", "id": 3, "files": {}, "operators": {}}, "/nowhere")
+    resume_outputs(None, {"kind": "savepoint", "outputs": {"parquet": [["/a", "/b"]]}}, "/nowhere")

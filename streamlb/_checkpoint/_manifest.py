@@ -22,6 +22,11 @@ A manifest is JSON with at least::
      "files": {relpath: {"bytes": int, "crc32": int}},
      "operators": {operator: {"groups": {"<g>": [relpath, offset, rows(, keys)]}}}}
 
+A checkpoint's manifest (not a savepoint's) also has ``outputs``: what the checkpoint sealed
+that was not committed when it was written, by sink, as each sink's committer records it
+(:meth:`streamlb._sinks.Committer.sealed`; files it keeps are under ``chk-<id>/outputs/``),
+for whoever resumes it to commit. A manifest without it (written before) still restores.
+
 File paths in ``files`` and ``groups`` are relative to the base. A key group absent from an
 operator's ``groups`` held no state. An incremental checkpoint references the files of its
 predecessors for the key groups that did not change. A group's entry ``[relpath, offset,

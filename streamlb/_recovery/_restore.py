@@ -201,7 +201,11 @@ def resume_outputs(job, manifest: dict, base: str) -> None:
     from .._checkpoint._paths import resolve
 
     fs, root = resolve(base)
-    job._results.outputs.resume(outputs, lambda rel: fs.open(f"{root}/{rel}", "rb"))
+    try:
+        job._results.outputs.resume(outputs, lambda rel: fs.open(f"{root}/{rel}", "rb"))
+    except Exception as exc:
+        raise CheckpointError(f"resuming checkpoint {manifest.get('id')} in {base!r}: the outputs it sealed could "
+                              f"not be committed: {type(exc).__name__}: {exc}") from exc
 
 
 def install_state(job, manifest: dict, base: str) -> int:
