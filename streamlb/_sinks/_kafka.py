@@ -434,17 +434,19 @@ class KafkaCommitter(Committer):
         one transaction with its mark, the sealed transactions whose mark is not there."""
         if not recorded:
             return
+        from concurrent.futures import ThreadPoolExecutor
+
         configs = self._configs()
-        producers = {}
+        ids = {}        # transactional id -> its producer's config
         for w in recorded["writers"]:
             config = configs.get(w["topic"])
             if config is None:
                 logger.warning("to_kafka_topic(%r) is not in this graph: the transactions the checkpoint sealed "
                                "for it are not committed, nor those its writers left open aborted", w["topic"])
                 continue
-            for slot in range(w["slots"]):
-                tid = f"{w['prefix']}-s{slot}"
-                producers[tid] = _fenced(config, tid)
+            ids.update({f"{w['prefix']}-s{slot}": config for slot in range(w["slots"])})
+        with ThreadPoolExecutor(min(16, len(ids) or 1)) as pool:     # a round trip or two each
+            producers = dict(zip(ids, pool.map(lambda tid: _fenced(ids[tid], tid), ids)))
         txns = [t for t in recorded["transactions"] if t["id"] in producers]
         if not txns:
             return
