@@ -6,6 +6,7 @@ the two runs' outputs together are exact over every input, each record once."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -93,8 +94,13 @@ def test_drain_commits_what_was_read_and_finishes(client, tmp_path):
         for i in range(2, 4):
             _land(root, f"part-{i}.parquet", frames[i])
         _wait_read(job, 16_000)
+        waited = []
+        waiter = threading.Thread(target=lambda: waited.append(job.wait(timeout=60)))
+        waiter.start()              # a wait under way returns once the drain finished the job
         assert job.drain(timeout=60) is None
         assert job.status == "done"
+        waiter.join(timeout=10)
+        assert waited == [job]
         assert job.wait(timeout=5) is job         # returns at once: the job finished
         _check([out], frames)
         state = job.state("totals")[["n", "total"]].sort_index()
