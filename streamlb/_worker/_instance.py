@@ -34,6 +34,7 @@ from ._commands import Command, EndInput
 from ._epochs import EpochParticipant
 from ._exchange import KeyedRouter, make_exchange
 from ._heap import keep_heap
+from ._fence import fence
 from ._lifecycle import Lifecycle, Phase
 from ._messages import (Barrier, Batch, Checkpoint, CheckpointPeer, EndOfStream, Envelope, Install, InstallKeys,
                         Marker, Partial, PeerEnd, PeerWatermark, Watermark)
@@ -180,6 +181,7 @@ class Instance:
                 self.source.ended_offsets = dict(resume["offsets"])
                 return
         self.tasks.run(self.meter.ticker(), guarded=False)
+        self.tasks.run(fence(self, self.worker, self.stop), guarded=False)
         self.tasks.run(self._run_source(epoch0 or life.started_at, resume) if self.source else self._process_loop())
         self._inputs_changed()      # every sender was removed before it started
 

@@ -361,6 +361,9 @@ def parser() -> argparse.ArgumentParser:
     from ._nexmark import add_parser as add_nexmark
 
     add_nexmark(sub)
+    from ._jobs import add_parsers as add_job_verbs
+
+    add_job_verbs(sub)
     return p
 
 

@@ -35,6 +35,18 @@ def _history(job):
     return job.history
 
 
+def _savepoint(job, path: str) -> str:
+    """A savepoint into ``path``, which must not exist (a savepoint never overwrites one)."""
+    from .._checkpoint._paths import _exists, resolve
+    from ..exceptions import CheckpointError
+
+    fs, where = resolve(path)
+    if _exists(fs, where):
+        raise CheckpointError(f"savepoint path {path!r} exists already; a savepoint goes to a path that does not "
+                              "exist yet (nothing was written, the job runs on)")
+    return job.savepoint(path)
+
+
 def _drain_worker(job, worker: str):
     return job.reconfig.drain_worker(worker)
 
@@ -43,10 +55,13 @@ def _drain_worker(job, worker: str):
 #: same name), or the function that carries it out. ``drain`` and ``cancel`` are the
 #: driver's own (:meth:`Driver.drain`, :meth:`Driver.cancel`).
 CALLS = {name: None for name in (
-    "savepoint", "rescale", "move_instance", "update", "migrate", "reassign", "split", "metrics",
+    "rescale", "move_instance", "update", "migrate", "reassign", "split", "metrics",
     "imbalance", "state", "state_size", "checkpoints", "dead_letters", "parallelism", "routing",
     "watermarks", "summary", "offsets", "balancer_state", "load_trace", "topology")}
-CALLS.update({"history": _history, "drain_worker": _drain_worker})
+CALLS.update({"history": _history, "drain_worker": _drain_worker, "savepoint": _savepoint})
+#: Calls that only read: not logged
+READS = {"metrics", "imbalance", "state", "state_size", "checkpoints", "dead_letters", "parallelism", "routing",
+         "watermarks", "summary", "offsets", "balancer_state", "load_trace", "topology", "history"}
 
 
 class Driver:
@@ -174,7 +189,7 @@ class Driver:
             logger.warning("job %s: the answer to %s was not delivered (%s)", self.name, method, exc)
 
     def call(self, method: str, *args, **kwargs):
-        logger.info("job %s: %s%s", self.name, method, args if args else "")
+        (logger.debug if method in READS else logger.info)("job %s: %s%s", self.name, method, args if args else "")
         if method == "cancel":
             return self.cancel()
         if method == "drain":
@@ -190,6 +205,7 @@ class Driver:
         self.ending = "cancelled"
         self.report("stopping")
         self.job.stop()
+        self.done.wait(config.seconds("stop-timeout") * 4)
 
     def drain(self, savepoint: str | None = None):
         """End the job gracefully (:meth:`streamlb.Job.drain`), then answer."""
@@ -235,9 +251,11 @@ class Driver:
                 error = str(exc) if isinstance(exc, StreamlbError) else f"{type(exc).__name__}: {exc}"
         if self.ending == "cancelled":
             status = "cancelled"
-        self.done.set()
         self.ended = True
-        self.report(status, error=error)
+        try:
+            self.report(status, error=error)
+        finally:
+            self.done.set()                 # a stop's or a cancel's answer goes out after the end is on record
         self.pool.shutdown(wait=True)       # the answers of the calls under way (a stop's) go out
         return 0 if status != "failed" else 1
 
