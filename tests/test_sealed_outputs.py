@@ -25,7 +25,7 @@ import streamlb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPEC = {"n": ("value", "count"), "s": ("value", "sum")}
-ROWS, FILES, KEYS, RATE = 12_000, 2, 500, 12_000
+ROWS, FILES, KEYS, RATE = 12_000, 2, 500, 8_000
 KILL_AT = 2         # the checkpoint after whose manifest the driver dies
 
 
