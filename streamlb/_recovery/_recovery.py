@@ -10,8 +10,11 @@ whole job from the latest complete checkpoint:
    items dropped);
 2. wait for a migration in flight to give up (its actors are gone) and start none;
 3. re-create every instance on the workers the scheduler has now (workers that joined
-   count), with the checkpoint's routing tables and parallelism, and install each key
-   group's state from the checkpoint's files;
+   count), with the checkpoint's routing tables and parallelism, commit what the
+   checkpoint sealed that is still not committed (a Kafka transaction that a lost worker
+   never committed is written again from what the checkpoint kept:
+   :func:`streamlb._recovery._restore.resume_outputs`), and install each key group's
+   state from the checkpoint's files;
 4. start the sources from the positions they had emitted at the barrier: every record after
    it is replayed, so state and committed outputs hold each record exactly once.
 
