@@ -148,6 +148,27 @@ def test_to_kafka_topic_transactions_sealed_by_a_checkpoint_are_committed_by_the
     _check(frame, read["records"], read["updates"], job.state("totals"))
 
 
+@pytest.mark.cluster
+def test_a_worker_lost_between_a_checkpoint_and_its_kafka_commit_loses_no_row(data, kafka, tmp_path):
+    """The driver lives; a worker dies (the sink's test hook) after a checkpoint completed,
+    before its instance committed that checkpoint's transaction. The recovery resumes that
+    checkpoint and writes the transaction again from what it kept: each record once."""
+    from conftest import dask_cli_cluster
+    from kafka_broker import topic_name
+
+    path, frame = data
+    flag = tmp_path / "killed"
+    topics = {"bootstrap": kafka.bootstrap, "updates": kafka.create_topic(topic_name("updates"), partitions=2),
+              "records": kafka.create_topic(topic_name("records"), partitions=2)}
+    with dask_cli_cluster(env={"STREAMLB_TEST_KILL_BEFORE_KAFKA_COMMIT": str(flag)}) as address:
+        job = _resume(address, build(path, "", "kafka", topics), str(tmp_path / "ck"))
+        state = job.state("totals")
+    assert flag.exists() and [h["kind"] for h in job.history if h.get("kind") == "recovery"] == ["recovery"]
+    read = {name: pd.DataFrame([json.loads(v) for _, _, _, v in kafka.read_all(topics[name])])
+            for name in ("records", "updates")}
+    _check(frame, read["records"], read["updates"], state)
+
+
 # -- the committers' resume, idempotent --------------------------------------------------------
 def _plan(parquet=(), kafka=None):
     """A plan with ``to_parquet`` paths and one ``to_kafka_topic`` step (``kafka``: its kwargs)."""

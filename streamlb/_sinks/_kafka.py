@@ -30,10 +30,18 @@ writers the checkpoint names (their ``init_transactions`` aborts what was left o
 transaction whose mark is not there was never committed, and is written again from the
 kept messages, in one transaction with its mark. A second resume, or one after a resume
 that stopped half-way, finds the marks and writes nothing twice.
+
+Test hook: with ``STREAMLB_TEST_KILL_BEFORE_KAFKA_COMMIT=<file>`` in a worker's
+environment, the first writer to be told a checkpoint completed while it holds a
+transaction for it creates ``<file>`` and SIGKILLs its worker process before committing
+(once: a file already there does nothing), so a test can lose a worker in that gap
+(tests/test_sealed_outputs.py). Not for use outside tests.
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 
 import numpy as np
@@ -49,6 +57,21 @@ COMMIT_EVERY = 1.0      # s between commits without checkpoints
 TIMEOUT = 30.0          # s for the broker's answers (init, commit, abort, flush)
 RETRIES = 5             # rewrites of a transaction the broker may have lost
 FINAL = 2 ** 62         # the pending "checkpoint" of rows after an instance's last barrier
+KILL_BEFORE_COMMIT = "STREAMLB_TEST_KILL_BEFORE_KAFKA_COMMIT"     # the test hook (module docstring)
+
+
+def _test_kill(where: str, cid: int) -> None:
+    """The test hook: the first writer here dies before committing checkpoint ``cid``'s rows."""
+    flag = os.environ.get(KILL_BEFORE_COMMIT)
+    if not flag:
+        return
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    logger.warning("%s=%s: SIGKILL before committing checkpoint %d's transaction of %s", KILL_BEFORE_COMMIT, flag,
+                   cid, where)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _mark(cid: int) -> int | None:
@@ -331,7 +354,10 @@ class KafkaWriter(SinkWriter):
     def completed(self, cid: int) -> None:
         """Commit the transactions sealed up to ``cid``, in the order of their marks: a
         retired instance's last ones (-1, after every barrier it saw) with ``cid``'s."""
-        for c in sorted((c for c in self.pending if c <= cid), key=lambda c: (c < 0, c)):
+        due = sorted((c for c in self.pending if c <= cid), key=lambda c: (c < 0, c))
+        if due:
+            _test_kill(self.where, cid)
+        for c in due:
             for s in self.pending.pop(c):
                 self._commit(s, cid if c < 0 else c)
 
