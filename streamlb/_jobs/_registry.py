@@ -34,7 +34,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .. import config
 from ..exceptions import JobServiceError
 from ._record import TERMINAL, JobRecord, check_name
-from ._spawn import spawn_driver
+from ._spawn import assign, spawn_driver, spawn_standby
 
 __all__ = ["JobRegistry", "NAME", "ensure_registry"]
 
@@ -64,6 +64,8 @@ class JobRegistry(SchedulerPlugin):
         self.quick: dict[str, int] = {}     # name -> drivers in a row that exited soon after starting
         self.saved: dict[str, float] = {}
         self.ephemeral = False
+        self.standby = None                 # a driver process waiting for a job (see _spawn)
+        self._standby_at = 0.0
         self._pc = None
 
     # -- plugin ----------------------------------------------------------------------------------
@@ -106,6 +108,8 @@ class JobRegistry(SchedulerPlugin):
             if proc.poll() is None:
                 proc.kill()       # its job stays active: a registry started again resumes it
         self.procs.clear()
+        if self.standby is not None and self.standby.poll() is None:
+            self.standby.kill()
         for fut in self.calls.values():
             if not fut.done():
                 fut.set_exception(JobServiceError("the scheduler closed before the job's driver answered"))
@@ -183,6 +187,10 @@ class JobRegistry(SchedulerPlugin):
                 await asyncio.wait_for(ev.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
+            rec = self.records.get(name)
+            if rec is None or rec.drivers != incarnation or not rec.active:
+                # a driver lost while it waited: the calls are for the one that replaced it
+                return {"stale": True, "calls": []}
         calls, self.mailbox[name] = self.mailbox.get(name, []), []
         self.taken.setdefault(name, set()).update(c["id"] for c in calls)
         return {"stale": False, "calls": calls}
@@ -234,6 +242,13 @@ class JobRegistry(SchedulerPlugin):
                 proc.kill()
             elif proc is None and rec.active and self._enough_workers(rec, now):
                 self._start_driver(rec)
+        spare = self.standby is not None and self.standby.poll() is None
+        if not spare and now - self._standby_at > 10 and any(r.active for r in self.records.values()):
+            self._standby_at = now
+            try:
+                self.standby = spawn_standby(self.root, getattr(self.scheduler, "security", None))
+            except OSError as exc:
+                logger.warning("job registry: no standby driver (%s: %s)", type(exc).__name__, exc)
 
     def _enough_workers(self, rec: JobRecord, now: float) -> bool:
         n = len(self.scheduler.workers)
@@ -248,9 +263,12 @@ class JobRegistry(SchedulerPlugin):
         self.waiting.pop(rec.name, None)
         rec.drivers += 1
         sec = getattr(self.scheduler, "security", None)
+        job_dir = JobRecord.directory(self.root, rec.name)
+        proc, self.standby = self.standby, None
+        log = assign(proc, job_dir, self.scheduler.address, rec.drivers) if proc is not None else None
         try:
-            proc, log = spawn_driver(JobRecord.directory(self.root, rec.name), self.scheduler.address,
-                                     rec.drivers, sec)
+            if log is None:
+                proc, log = spawn_driver(job_dir, self.scheduler.address, rec.drivers, sec)
         except OSError as exc:
             self._end(rec, "failed", error=f"its driver process could not be started: {type(exc).__name__}: {exc}")
             return

@@ -1,7 +1,10 @@
 """Start a job's driver as a child process of the scheduler.
 
 The driver is ``python -m streamlb.service._driver JOB_DIR --address ADDRESS``, run by the
-scheduler's own interpreter with its output in the job's directory. On Linux it is killed
+scheduler's own interpreter with its output in the job's directory. Importing what a driver
+needs (distributed, pandas, streamlb) takes seconds on a busy machine, so the registry keeps
+one *standby* driver (``--standby``) that has imported it all and waits for a job on its
+standard input (:func:`assign`): a lost driver's job is taken up by it at once. On Linux it is killed
 with the scheduler (``PR_SET_PDEATHSIG``): a driver whose scheduler is gone can do nothing
 for its job, and the registry of a scheduler started again starts a new one. Where the
 cluster uses TLS, the driver gets the scheduler's CA and certificate through the
@@ -15,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["spawn_driver"]
+__all__ = ["spawn_driver", "spawn_standby", "assign"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -53,3 +56,30 @@ def spawn_driver(job_dir: str, address: str, incarnation: int, security=None) ->
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with_parent, start_new_session=True, close_fds=True)
     return proc, log
+
+
+def spawn_standby(root: str, security=None) -> subprocess.Popen:
+    """A driver process that imports what a driver needs, then waits for :func:`assign`."""
+    env = dict(os.environ, **_tls_env(security), PYTHONUNBUFFERED="1")
+    with open(os.path.join(root, "standby-driver.log"), "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "streamlb.service._driver", "--standby"],
+                                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=_die_with_parent, start_new_session=True, close_fds=True)
+
+
+def assign(proc: subprocess.Popen, job_dir: str, address: str, incarnation: int) -> str | None:
+    """Give the standby driver ``proc`` the job of ``job_dir``: the path of its log, or None
+    if it is gone (a new driver is then spawned)."""
+    import json
+
+    if proc.poll() is not None:
+        return None
+    log = os.path.join(job_dir, f"driver-{incarnation}.log")
+    try:
+        proc.stdin.write((json.dumps({"job_dir": job_dir, "address": address, "incarnation": incarnation,
+                                      "log": log}) + "\n").encode())
+        proc.stdin.flush()
+        proc.stdin.close()
+    except OSError:
+        return None
+    return log

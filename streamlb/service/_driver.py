@@ -260,20 +260,49 @@ class Driver:
         return 0 if status != "failed" else 1
 
 
+def _standby() -> tuple[str, str, int]:
+    """Import what a driver needs, then wait for a job on standard input (a line of JSON
+    from the registry); the output goes to that job's log from then on."""
+    import json
+
+    import distributed  # noqa: F401
+    import pandas  # noqa: F401
+
+    from .. import runtime  # noqa: F401
+    from .._recovery import _coordinator  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)             # the registry closed: no job for this one
+    job = json.loads(line)
+    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return job["job_dir"], job["address"], int(job["incarnation"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m streamlb.service._driver", description="A submitted job's driver.")
-    ap.add_argument("job_dir")
-    ap.add_argument("--address", required=True)
+    ap.add_argument("job_dir", nargs="?")
+    ap.add_argument("--address")
+    ap.add_argument("--standby", action="store_true", help="import, then wait for a job on standard input")
     args = ap.parse_args(argv)
+    if args.standby:
+        job_dir, address, incarnation = _standby()
+    else:
+        if not args.job_dir or not args.address:
+            ap.error("give JOB_DIR and --address, or --standby")
+        job_dir, address = args.job_dir, args.address
+        incarnation = int(os.environ.get("STREAMLB_DRIVER_INCARNATION", "1"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from distributed import Client
 
-    incarnation = int(os.environ.get("STREAMLB_DRIVER_INCARNATION", "1"))
-    client = Client(args.address, timeout=config.seconds("connect-timeout"), set_as_default=True)
+    client = Client(address, timeout=config.seconds("connect-timeout"), set_as_default=True)
     logger.info("driver %d of job %s (pid %d) connected to %s", incarnation,
-                os.path.basename(os.path.normpath(args.job_dir)), os.getpid(), args.address)
-    code = Driver(client, args.job_dir, incarnation).run()
+                os.path.basename(os.path.normpath(job_dir)), os.getpid(), address)
+    code = Driver(client, job_dir, incarnation).run()
     try:
         client.close(timeout=5)
     except Exception:

@@ -1,0 +1,429 @@
+"""Jobs that outlive the script that started them (docs/jobs.md), on real processes: a
+``dask scheduler --preload streamlb.plugin --streamlb-jobs-dir D`` and ``dask worker``
+processes on loopback; jobs submitted from other processes (``streamlb submit``) and
+operated with the CLI verbs; drivers and the scheduler SIGKILLed. Every output is checked
+against pandas over the same input: each record exactly once."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import streamlb
+from streamlb import JobServiceError
+
+from conftest import HERE, free_port
+
+pytestmark = pytest.mark.cluster
+
+SPEC = {"n": ("value", "count"), "total": ("value", "sum")}
+SCRIPT = '''
+from streamz import Stream
+
+
+def pipeline(inp, out):
+    src = Stream.from_parquet(inp, watch="200ms", batch_size=1_000)
+    src.to_parquet(out + "/raw")
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")},
+                                name="totals").to_parquet(out + "/agg")
+    return src
+
+
+def to_a_list(inp):
+    src = Stream.from_parquet(inp, watch="200ms")
+    src.key_by("key").aggregate({"n": ("value", "count")}, name="totals").sink_to_list()
+    return src
+
+
+def kafka(topic, conf, out):
+    src = Stream.from_kafka_topic(topic, {"bootstrap.servers": conf}, decode="json", offsets="earliest",
+                                  batch_size=1_000)
+    src.to_parquet(out + "/raw")
+    src.key_by("key").aggregate({"n": ("value", "count"), "total": ("value", "sum")},
+                                name="totals").to_parquet(out + "/agg")
+    return src
+'''
+
+
+class Cluster:
+    """A scheduler with the job registry and worker processes, started as a supervisor would."""
+
+    def __init__(self, root, workers: int = 2, env: dict | None = None) -> None:
+        self.root, self.n = str(root), workers
+        self.port = free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.jobs_dir = os.path.join(self.root, "jobs")
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+                        DASK_SCHEDULER_ADDRESS=self.address, **(env or {}))
+        self.dask = shutil.which("dask") or os.path.join(os.path.dirname(sys.executable), "dask")
+        self.scheduler = None
+        self.workers: list[subprocess.Popen] = []
+        self.logs = os.environ.get("STREAMLB_CLUSTER_LOGS")
+
+    def _out(self, name: str) -> dict:
+        if not self.logs:
+            return {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        os.makedirs(self.logs, exist_ok=True)
+        return {"stdout": open(os.path.join(self.logs, f"{self.port}-{name}.log"), "ab"),
+                "stderr": subprocess.STDOUT}
+
+    def start_scheduler(self) -> None:
+        self.scheduler = subprocess.Popen(
+            [self.dask, "scheduler", "--host", "127.0.0.1", "--port", str(self.port), "--dashboard-address", ":0",
+             "--preload", "streamlb.plugin", "--streamlb-jobs-dir", self.jobs_dir],
+            env=self.env, **self._out("scheduler"))
+
+    def start_workers(self) -> None:
+        self.workers = [subprocess.Popen([self.dask, "worker", self.address, "--nthreads", "1", "--host",
+                                          "127.0.0.1", "--dashboard-address", ":0"], env=self.env,
+                                         **self._out(f"worker{i}")) for i in range(self.n)]
+        from distributed import Client
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                with Client(self.address, timeout=5) as c:
+                    c.wait_for_workers(self.n, timeout=60)
+                return
+            except OSError:
+                assert time.time() < deadline, "the cluster did not come up"
+                time.sleep(0.5)
+
+    def start(self) -> Cluster:
+        self.start_scheduler()
+        self.start_workers()
+        return self
+
+    def kill_scheduler(self) -> None:
+        self.scheduler.send_signal(signal.SIGKILL)
+        self.scheduler.wait(timeout=10)
+        for w in self.workers:           # a worker exits when its scheduler is lost (distributed 2026.8)
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait(timeout=10)
+
+    def close(self) -> None:
+        for group in (self.workers, [self.scheduler]):
+            for p in group:
+                if p is not None and p.poll() is None:
+                    p.terminate()
+            for p in group:
+                if p is None:
+                    continue
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "streamlb.cli", *args], env=self.env, cwd=self.root,
+                           capture_output=True, text=True, timeout=180)
+        if check:
+            assert r.returncode == 0, f"streamlb {' '.join(args)}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    root = tmp_path_factory.mktemp("service")
+    with open(root / "job.py", "w") as f:
+        f.write(SCRIPT)
+    cluster = Cluster(root).start()
+    yield cluster
+    cluster.close()
+
+
+class Files:
+    """A watched directory that files land in, each ``rows`` records with unique ids."""
+
+    def __init__(self, root) -> None:
+        self.dir = os.path.join(str(root), "in")
+        os.makedirs(self.dir, exist_ok=True)
+        self.frames: list[pd.DataFrame] = []
+
+    def land(self, count: int = 1, rows: int = 3_000) -> None:
+        for _ in range(count):
+            i = len(self.frames)
+            rng = np.random.default_rng(i)
+            keys = np.where(rng.random(rows) < 0.3, rng.integers(0, 3, rows), rng.integers(0, 300, rows))
+            df = pd.DataFrame({"id": np.arange(i * rows, (i + 1) * rows, dtype=np.int64),
+                               "key": keys.astype(np.int64), "value": rng.integers(0, 1000, rows)})
+            tmp = os.path.join(self.dir, f"_tmp-{i}.parquet")
+            df.to_parquet(tmp)
+            os.rename(tmp, os.path.join(self.dir, f"part-{i:04d}.parquet"))
+            self.frames.append(df)
+
+    @property
+    def records(self) -> int:
+        return sum(len(f) for f in self.frames)
+
+
+def exactly_once(out: str, frames: list[pd.DataFrame]) -> None:
+    """``out/raw`` holds every input record once; the last update per key in ``out/agg`` is
+    pandas' aggregate of all of them."""
+    inp = pd.concat(frames, ignore_index=True)
+    raw = pd.read_parquet(os.path.join(out, "raw"))
+    counts = raw["id"].value_counts()
+    assert not (counts > 1).any(), f"{int((counts > 1).sum())} records written more than once"
+    assert len(raw) == len(inp), f"{len(raw)} records written, {len(inp)} read"
+    assert set(raw["id"]) == set(inp["id"])
+    agg = pd.read_parquet(os.path.join(out, "agg"))
+    agg = agg.reset_index() if "key" not in agg.columns else agg
+    final = agg.sort_values("n", kind="stable").groupby("key").last()[["n", "total"]].astype(np.int64)
+    truth = inp.groupby("key").agg(n=("value", "count"), total=("value", "sum")).astype(np.int64)
+    pd.testing.assert_frame_equal(final.sort_index(), truth.sort_index(), check_names=False)
+
+
+def until(what, check, timeout: float = 60.0, every: float = 0.1):
+    deadline = time.time() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.time() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(every)
+
+
+def read_all(job, want: int, timeout: float = 60.0) -> None:
+    """Until the job's aggregate holds ``want`` records."""
+    until(f"{want} records in the state", lambda: job.state("totals")["n"].sum() >= want, timeout, 0.2)
+
+
+def submit(service, name: str, files: Files, out: str, *extra: str) -> streamlb.RemoteJob:
+    r = service.cli("submit", "job.py", files.dir, out, "--name", name, *extra)
+    assert f"job {name} (" in r.stdout
+    return streamlb.attach(service.address, name)
+
+
+def test_a_submitted_job_outlives_its_script_and_is_operated_from_other_processes(service, tmp_path):
+    files, out, ck = Files(tmp_path), str(tmp_path / "out"), str(tmp_path / "ck")
+    files.land(2)
+    # the submitting process (streamlb submit) has exited when this returns
+    job = submit(service, "watched", files, out, "--checkpoint", ck, "--checkpoint-interval", "1s")
+    read_all(job, files.records)
+    listed = service.cli("jobs").stdout
+    assert "watched" in listed and "running" in listed, listed
+    table = json.loads(service.cli("jobs", "--json").stdout)
+    row = next(r for r in table if r["name"] == "watched")
+    assert row["status"] == "running" and row["parallelism"]["totals"] == 2 and row["restarts"] == 0
+    files.land(1)
+    assert "runs as 3 instances" in service.cli("job", "rescale", "watched", "totals", "3").stdout
+    assert job.parallelism("totals") == 3
+    sp = str(tmp_path / "sp")
+    service.cli("job", "savepoint", "watched", sp)
+    assert os.path.exists(os.path.join(sp, "_manifest.json")) or glob.glob(os.path.join(sp, "*manifest*"))
+    files.land(2)
+    read_all(job, files.records)
+    described = service.cli("job", "describe", "watched").stdout
+    assert "totals x3" in described and "driver" in described
+    service.cli("job", "stop", "watched")
+    assert job.status == "finished"
+    exactly_once(out, files.frames)
+    job.close()
+
+
+def test_a_killed_driver_is_replaced_and_the_job_stays_exactly_once(service, tmp_path):
+    files, out, ck = Files(tmp_path), str(tmp_path / "out"), str(tmp_path / "ck")
+    files.land(2)
+    job = submit(service, "driver-kill", files, out, "--checkpoint", ck, "--checkpoint-interval", "1s")
+    read_all(job, files.records)
+    for round in range(2):
+        pid = job.describe()["driver"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.time()
+        files.land(1)
+        rec = until("a new driver running the job",
+                    lambda: (lambda r: r if r["status"] == "running" and r["driver"]["pid"] != pid else None)(
+                        job.describe()), timeout=60)
+        print(f"driver {round + 1} SIGKILLed: running again after {time.time() - t0:.2f} s")
+        assert rec["restarts"] == round + 1
+        read_all(job, files.records)
+    job.stop()
+    exactly_once(out, files.frames)
+    assert job.describe()["status"] == "finished"
+    job.close()
+
+
+def test_stop_with_a_savepoint_then_submit_with_restore_at_another_parallelism(service, tmp_path):
+    files, out = Files(tmp_path), str(tmp_path / "out")
+    files.land(2)
+    job = submit(service, "upgrade", files, out, "--checkpoint", str(tmp_path / "ck1"))
+    read_all(job, files.records)
+    sp = str(tmp_path / "sp")
+    assert f"savepoint at {sp}" in service.cli("job", "stop", "upgrade", "--savepoint", sp).stdout
+    assert job.status == "finished"
+    files.land(2)          # while no job runs
+    job = submit(service, "upgrade", files, out, "--restore", sp, "--parallelism", "3",
+                 "--checkpoint", str(tmp_path / "ck2"))
+    assert job.parallelism("totals") == 3
+    read_all(job, files.records)
+    service.cli("job", "stop", "upgrade")
+    exactly_once(out, files.frames)
+    job.close()
+
+
+def test_bad_commands_are_refused_and_change_nothing(service, tmp_path):
+    files, out = Files(tmp_path), str(tmp_path / "out")
+    files.land(1)
+    job = submit(service, "steady", files, out, "--checkpoint", str(tmp_path / "ck"))
+    read_all(job, files.records)
+
+    def refused(*args, says: str):
+        r = service.cli(*args, check=False)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert says in r.stderr, (args, r.stderr)
+
+    refused("job", "stop", "nope", says="no job named 'nope' on this cluster")
+    refused("job", "rescale", "steady", "nope", "3", says="no operator named 'nope'")
+    refused("job", "rescale", "steady", "totals", "0", says="parallelism must be an integer in 1..")
+    sp = tmp_path / "taken"
+    sp.mkdir()
+    refused("job", "savepoint", "steady", str(sp), says=f"savepoint path '{sp}' exists already")
+    refused("submit", "job.py:to_a_list", files.dir, "--name", "listed", says="sink_to_list")
+    refused("submit", "job.py", files.dir, out, "--name", "steady", says="a job named 'steady' is running")
+    refused("job", "rescale", "steady", "totals", "3", "--address", "tcp://127.0.0.1:1",
+            says="no Dask scheduler answered at 'tcp://127.0.0.1:1'")
+    # nothing changed: the same job runs on, as it was, and reads what lands
+    rec = job.describe()
+    assert rec["status"] == "running" and rec["restarts"] == 0
+    assert job.parallelism("totals") == 2 and os.listdir(sp) == []
+    assert "listed" not in {r["name"] for r in json.loads(service.cli("jobs", "--json").stdout)}
+    files.land(1)
+    read_all(job, files.records)
+    job.cancel()
+    assert job.status == "cancelled"
+    with pytest.raises(JobServiceError, match="job 'steady' is cancelled"):
+        job.savepoint(str(tmp_path / "late"))
+
+
+def test_a_definition_another_version_wrote_is_refused_naming_both(tmp_path):
+    from streamlb.service import _definition
+
+    data = _definition.dump("j", plan=None, options=None, ranges={})
+    head, _, body = data.partition(b"\n")
+    other = json.dumps({**json.loads(head), "streamlb": "0.0.1"}).encode() + b"\n" + body
+    with pytest.raises(JobServiceError, match=r"written by streamlb 0\.0\.1 .*this is streamlb " + streamlb.__version__):
+        _definition.load(other, "d.pkl")
+    # a body that needs a module this process cannot import
+    mod = tmp_path / "gone_mod.py"
+    mod.write_text("class Thing:\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import pickle
+
+        import gone_mod
+        body = pickle.dumps({"plan": gone_mod.Thing(), "options": None, "ranges": {}})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("gone_mod", None)
+    with pytest.raises(JobServiceError, match="cannot be loaded here: ModuleNotFoundError: No module named 'gone_mod'"):
+        _definition.load(head + b"\n" + body, "d.pkl")
+
+
+def test_after_the_scheduler_is_killed_and_started_again_the_job_resumes_by_itself(tmp_path):
+    root = tmp_path
+    with open(root / "job.py", "w") as f:
+        f.write(SCRIPT)
+    cluster = Cluster(root).start()
+    try:
+        files, out = Files(root), str(root / "out")
+        files.land(2)
+        job = submit(cluster, "survivor", files, out, "--checkpoint", str(root / "ck"), "--checkpoint-interval", "1s")
+        read_all(job, files.records)
+        until("a checkpoint", lambda: (job.describe()["info"].get("checkpoint") or {}).get("id"))
+        job.close()
+        # a job another streamlb version wrote is in the registry too: listed as failed, with the reason
+        bad = os.path.join(cluster.jobs_dir, "old")
+        os.makedirs(bad)
+        with open(os.path.join(bad, "definition.pkl"), "wb") as f:
+            f.write(json.dumps({"format": 1, "name": "old", "streamlb": "0.0.1", "python": "3.9"}).encode() + b"\n")
+        with open(os.path.join(bad, "job.json"), "w") as f:
+            json.dump({"name": "old", "id": "deadbeef", "status": "running", "submitted": time.time(),
+                       "checkpoint": str(root / "ck-old"), "workers": 1}, f)
+        cluster.kill_scheduler()
+        t0 = time.time()
+        files.land(1)
+        cluster.start_scheduler()
+        cluster.start_workers()       # as a supervisor restarts them
+        job = streamlb.attach(cluster.address, "survivor")
+        until("the job running again", lambda: job.describe()["status"] == "running", timeout=90)
+        print(f"scheduler SIGKILLed: the job runs again after {time.time() - t0:.1f} s")
+        read_all(job, files.records)
+        listed = json.loads(cluster.cli("jobs", "--json").stdout)
+        row = next(r for r in listed if r["name"] == "survivor")
+        assert row["restarts"] == 1 and row["status"] == "running"
+        old = until("the old job's end", lambda: next(r for r in json.loads(cluster.cli("jobs", "--json").stdout)
+                                                       if r["name"] == "old" and r["status"] == "failed"))
+        assert "written by streamlb 0.0.1" in old["error"], old
+        files.land(1)
+        cluster.cli("job", "stop", "survivor")
+        exactly_once(out, files.frames)
+        job.close()
+    finally:
+        cluster.close()
+
+
+def test_a_kafka_fed_job_survives_its_script_its_driver_and_the_scheduler(kafka, tmp_path):
+    from kafka_broker import topic_name
+
+    root = tmp_path
+    with open(root / "job.py", "w") as f:
+        f.write(SCRIPT)
+    cluster = Cluster(root).start()
+    topic = kafka.create_topic(topic_name("svc"), partitions=2)
+    frames: list[pd.DataFrame] = []
+
+    def produce(rows: int = 3_000) -> None:
+        i = len(frames)
+        rng = np.random.default_rng(100 + i)
+        df = pd.DataFrame({"id": np.arange(i * rows, (i + 1) * rows), "key": rng.integers(0, 200, rows),
+                           "value": rng.integers(0, 1000, rows)})
+        kafka.produce(topic, [line.encode() for line in df.to_json(orient="records", lines=True).splitlines()])
+        frames.append(df)
+
+    try:
+        out = str(root / "out")
+        produce()
+        r = cluster.cli("submit", "job.py:kafka", topic, kafka.bootstrap, out, "--name", "fed",
+                        "--checkpoint", str(root / "ck"), "--checkpoint-interval", "1s")
+        assert "job fed (" in r.stdout
+        job = streamlb.attach(cluster.address, "fed")
+        read_all(job, sum(map(len, frames)))
+        produce()
+        assert "runs as 3 instances" in cluster.cli("job", "rescale", "fed", "totals", "3").stdout
+        cluster.cli("job", "savepoint", "fed", str(root / "sp"))
+        read_all(job, sum(map(len, frames)))
+        pid = job.describe()["driver"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        produce()
+        until("a new driver", lambda: (lambda r: r["status"] == "running" and r["driver"]["pid"] != pid)(
+            job.describe()))
+        read_all(job, sum(map(len, frames)))
+        job.close()
+        until("a checkpoint after the restart",
+              lambda: (streamlb.attach(cluster.address, "fed").describe()["info"].get("checkpoint") or {}).get("id"))
+        cluster.kill_scheduler()
+        produce()
+        cluster.start_scheduler()
+        cluster.start_workers()
+        job = streamlb.attach(cluster.address, "fed")
+        until("the job running again", lambda: job.describe()["status"] == "running", timeout=90)
+        read_all(job, sum(map(len, frames)))
+        assert job.describe()["restarts"] == 2
+        cluster.cli("job", "stop", "fed")
+        exactly_once(out, frames)
+        job.close()
+    finally:
+        cluster.close()
