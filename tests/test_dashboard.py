@@ -150,3 +150,57 @@ def test_page_is_listed_renders_the_job_live_and_goes_with_the_plugin(cluster, s
     browser.get(base + "/status")
     assert base + "/streamlb" not in {a.get_attribute("href")
                                       for a in browser.find_elements(By.CSS_SELECTOR, ".dropdown-content a")}
+
+
+def test_page_lists_the_registrys_jobs_and_jobs_json_is_read_only(browser, tmp_path):
+    """With a job registry on the scheduler, the page opens with its jobs (name, status,
+    uptime, parallelism, records/s, last checkpoint, restarts), and ``/streamlb/jobs.json``
+    serves the same records to GET only."""
+    from distributed import Client, LocalCluster
+
+    from streamlb.plugin import BalancerPlugin, JobRegistry
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    rng = np.random.default_rng(1)
+    pd.DataFrame({"key": rng.integers(0, 50, 2_000), "value": rng.random(2_000)}).to_parquet(
+        inp / "part-0.parquet", index=False)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0") as cl, \
+            Client(cl) as client:
+        client.register_plugin(BalancerPlugin())
+        client.register_plugin(JobRegistry(str(tmp_path / "jobs")))
+        base = f"http://127.0.0.1:{client.scheduler_info()['services']['dashboard']}"
+        src = Stream.from_parquet(str(inp), watch="500ms")
+        src.key_by("key").aggregate({"n": ("value", "count")}, name="totals", parallelism=2).to_parquet(str(out))
+        job = streamlb.submit(src, client=client, name="dash-counts", checkpoint=str(tmp_path / "ck"),
+                              checkpoint_interval="500ms")
+        try:
+            wait_for(lambda: (job.describe()["info"].get("checkpoint") or {}).get("id"), 30, "a checkpoint")
+            browser.get(base + "/streamlb")
+            wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 10, "the page")
+            text = wait_for(lambda: (t := browser.execute_script(PAGE_TEXT)) and "dash-counts" in t
+                            and "ago" in t and t, 15, "the registry's jobs on the page")
+            assert "jobs of the cluster's job registry" in text
+            for column in ("status", "uptime", "parallelism", "records/s", "last checkpoint", "restarts"):
+                assert column in text, column
+            assert "running" in text and "totals=2" in text and f"dash-counts ({job.id})" in text
+
+            listed = get_json(base + "/streamlb/jobs.json")["jobs"]
+            assert [(r["name"], r["status"], r["id"]) for r in listed] == [("dash-counts", "running", job.id)]
+            assert listed[0]["info"]["parallelism"] == {"from_parquet(in)": 2, "totals": 2}
+            for method in ("POST", "PUT", "DELETE"):     # read-only: nothing on HTTP changes a job
+                req = urllib.request.Request(base + "/streamlb/jobs.json", data=b"{}", method=method)
+                with pytest.raises(urllib.error.HTTPError, match="405"):
+                    urllib.request.urlopen(req)
+            assert job.status == "running"
+
+            # the page refreshes in place: a later refresh shows the job's uptime moved on
+            first = text[text.index("dash-counts"):]
+            wait_for(lambda: (t := browser.execute_script(PAGE_TEXT)) and "dash-counts" in t
+                     and t[t.index("dash-counts"):] != first, 15, "a refresh of the registry's jobs")
+            errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            assert not errors, errors
+        finally:
+            if job.status in ("starting", "running", "restarting"):
+                job.cancel()
+            job.close()

@@ -1,6 +1,8 @@
 """The bokeh document of the streamlb dashboard page.
 
-One section per job the balancer plugin knows, one panel per keyed operator:
+When the scheduler keeps a job registry (``streamlb-jobs``), the page opens with its jobs,
+one row each (``_jobs_table``). Then one section per job the balancer plugin knows, one
+panel per keyed operator:
 
 - records applied per instance, per load window;
 - imbalance per window (records of the busiest instance over the mean) and its floor (what
@@ -25,6 +27,7 @@ import pandas as pd
 
 from .. import latency as _latency
 from ..keygroups import key_group_of
+from ._jobs_table import jobs_table_html, registry_of, submitted_names
 
 SHOWN_WINDOWS = 600         # windows on the time axes: 10 minutes at the default 1 s window
 MARKS = {"migration": "#d62728", "split": "#ff7f0e", "autoscale": "#2ca02c"}   # colour of each kind's lines
@@ -197,8 +200,9 @@ def _instance_colours(n: int) -> list[str]:
 
 
 class View:
-    """One browser session's page: a section per job, rebuilt when jobs or operators
-    come or go, refreshed in place otherwise."""
+    """One browser session's page: the registry's jobs (when there is a registry), then a
+    section per job of the balancer plugin, rebuilt when jobs or operators come or go,
+    refreshed in place otherwise."""
 
     def __init__(self, mount, doc) -> None:
         from bokeh.layouts import column
@@ -209,6 +213,7 @@ class View:
         self.shape = None
         self.panels: dict = {}
         self.headers: dict = {}
+        self.registry_jobs = Div(sizing_mode="stretch_width")
         self.root = column(sizing_mode="stretch_width")
         self.empty = Div(text="<p>No streamlb job is registered with the balancer plugin.</p>")
         self.update()
@@ -224,29 +229,36 @@ class View:
             self.root.children = [Div(text="<p>The streamlb balancer plugin has closed.</p>")]
             self.doc.remove_periodic_callback(self.callback)
             return
-        shape = [(jid, list(job.control.operators)) for jid, job in plugin.jobs.items()]
+        registry = registry_of(self.mount.scheduler)
+        shape = (registry is not None, [(jid, list(job.control.operators)) for jid, job in plugin.jobs.items()])
         if shape != self.shape:
             self._rebuild(shape)
+        names = {}
+        if registry is not None:
+            records = registry.list()
+            self.registry_jobs.text = jobs_table_html(records)
+            names = submitted_names(records)
         for jid, job in plugin.jobs.items():
-            self.headers[jid].text = _job_header(jid, job)
+            self.headers[jid].text = _job_header(jid, job, names.get(jid))
             for name in job.control.operators:
                 self.panels[jid, name].update(job)
 
-    def _rebuild(self, shape: list) -> None:
+    def _rebuild(self, shape: tuple) -> None:
         from bokeh.models import Div
 
         self.shape = shape
+        has_registry, balanced = shape
         self.panels = {(jid, name): self.panels.get((jid, name)) or OperatorPanel(name)
-                       for jid, names in shape for name in names}
-        self.headers = {jid: self.headers.get(jid) or Div(sizing_mode="stretch_width") for jid, _ in shape}
+                       for jid, names in balanced for name in names}
+        self.headers = {jid: self.headers.get(jid) or Div(sizing_mode="stretch_width") for jid, _ in balanced}
         children = []
-        for jid, names in shape:
+        for jid, names in balanced:
             children.append(self.headers[jid])
             children += [self.panels[jid, name].layout for name in names]
-        self.root.children = children or [self.empty]
+        self.root.children = [self.registry_jobs] * has_registry + (children or [self.empty])
 
 
-def _job_header(jid: str, job) -> str:
+def _job_header(jid: str, job, submitted: str | None = None) -> str:
     history = job_events(job)
     kinds = {}
     for h in history:
@@ -254,7 +266,8 @@ def _job_header(jid: str, job) -> str:
     done = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none yet"
     legend = " ".join(f'<span style="color:{c}">&#9474; {k}</span>' for k, c in MARKS.items())
     refused = f", {len(job.refused)} refused" if job.refused else ""
-    return (f"<h3>job {html.escape(str(jid))}</h3>"
+    name = f" (submitted job {html.escape(submitted)})" if submitted else ""
+    return (f"<h3>job {html.escape(str(jid))}{name}</h3>"
             f"<p>balancer <b>{html.escape(job.balancer_name)}</b>, migration <b>{html.escape(job.migration)}</b>; "
             f"epochs: {done}{refused}. Lines on the time axes: {legend}</p>")
 
