@@ -26,9 +26,9 @@ the first record processed again after a loss is the first stamp of the new run.
     whole machine used (other people's work included).
 
 After (a) and (b) the job is stopped and its output checked against pandas over the
-landed files (every key's final count and total). A fixed numpy probe gives the machine's
-speed. Writes ``--out`` (JSON, every raw figure) and ``--plot`` (PNG). Run from the
-repository::
+landed files (every key's final count and total). The suite's machine probe
+(``np.add.at``, as ``benchmarks/checkpoint.py``) gives the machine's speed. Writes
+``--out`` (JSON, every raw figure) and ``--plot`` (PNG). Run from the repository::
 
     PYTHONPATH=. python asv_bench/jobs_service.py --rounds 1 --windows 2    # a check
     PYTHONPATH=. python asv_bench/jobs_service.py                           # the figures
@@ -64,24 +64,12 @@ def log(msg: str) -> None:
 # -- the machine ------------------------------------------------------------------------------
 
 def machine_probe() -> dict:
-    """A fixed numpy workload (median of 5): sort 2M float64, a 512x512 matmul x 10."""
-    import numpy as np
+    """The suite's machine probe (``benchmarks.checkpoint.probe``: M records/s of
+    ``np.add.at`` count+sum on one core, 2 s), the CPUs and the load average."""
+    sys.path.insert(0, HERE)
+    from benchmarks.checkpoint import probe
 
-    rng = np.random.default_rng(0)
-    a = rng.random(2_000_000)
-    m = rng.random((512, 512))
-    sorts, mms = [], []
-    for _ in range(5):
-        t = time.perf_counter()
-        np.sort(a)
-        sorts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        for _ in range(10):
-            m @ m
-        mms.append(time.perf_counter() - t)
-    return {"sort_2m_ms": round(statistics.median(sorts) * 1e3, 1),
-            "matmul_512x10_ms": round(statistics.median(mms) * 1e3, 1),
-            "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+    return {"probe_mrecords_s": round(probe(), 2), "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
 
 
 # -- the input --------------------------------------------------------------------------------
@@ -201,8 +189,8 @@ class Cluster:
     """A scheduler with the job registry and worker processes, each in its own session;
     a thread restarts a worker that exits while ``supervising``."""
 
-    def __init__(self, root: str, port: int, workers: int) -> None:
-        self.root, self.port, self.n = root, port, workers
+    def __init__(self, root: str, port: int, workers: int, worker_preload: str | None = None) -> None:
+        self.root, self.port, self.n, self.preload = root, port, workers, worker_preload
         self.address = f"tcp://127.0.0.1:{port}"
         self.http = f"http://127.0.0.1:{port + 1}"
         self.jobs_dir = os.path.join(root, "jobs")
@@ -231,8 +219,9 @@ class Cluster:
         return self.scheduler
 
     def start_worker(self, i: int) -> subprocess.Popen:
+        preload = ["--preload", self.preload] if self.preload else []
         return self._popen(["worker", self.address, "--nthreads", "1", "--host", "127.0.0.1",
-                            "--dashboard-address", ":0"], f"worker{i}")
+                            "--dashboard-address", ":0", *preload], f"worker{i}")
 
     def start(self) -> None:
         self.start_scheduler()
@@ -503,17 +492,23 @@ def _main_thread_cpu(proc) -> float:
     return float("nan")
 
 
-def _group_cpu(pids: list[int]) -> float:
+def _group_cpu(pids: list[int]) -> dict:
+    """CPU seconds of each of ``pids`` with its children, by pid (those that are gone left out)."""
     import psutil
 
-    total = 0.0
+    out = {}
     for pid in pids:
         try:
             p = psutil.Process(pid)
-            total += _cpu(p) + sum(_cpu(c) for c in p.children(recursive=True))
+            out[pid] = _cpu(p) + sum(_cpu(c) for c in p.children(recursive=True))
         except psutil.NoSuchProcess:
             pass
-    return total
+    return out
+
+
+def _delta(before: dict, after: dict) -> float:
+    """CPU seconds used between two :func:`_group_cpu` by the processes in both."""
+    return sum(max(after[p] - before[p], 0.0) for p in before.keys() & after.keys())
 
 
 def load_windows(cluster: Cluster, client, windows: int, length: float, label: str) -> list[dict]:
@@ -539,8 +534,8 @@ def load_windows(cluster: Cluster, client, windows: int, length: float, label: s
         idle = (all1.idle - all0.idle) + (getattr(all1, "iowait", 0) - getattr(all0, "iowait", 0))
         busy = sum(all1) - sum(all0) - idle
         row = {"label": label, "window": w, "wall": wall, "sched_cpu": (c1 - c0) / wall,
-               "loop_cpu": (m1 - m0) / wall, "drivers": len(drivers), "drivers_cpu": (d1 - d0) / wall,
-               "workers_cpu": (w1 - w0) / wall, "machine_cpu": busy / wall,
+               "loop_cpu": (m1 - m0) / wall, "drivers": len(drivers), "drivers_cpu": _delta(d0, d1) / wall,
+               "workers_cpu": _delta(w0, w1) / wall, "machine_cpu": busy / wall,
                "lag_p50_ms": float(np.percentile(lags, 50)), "lag_p99_ms": float(np.percentile(lags, 99)),
                "lag_max_ms": float(lags.max()), "lag_samples": int(len(lags)),
                "tick_observed_ms": got["tick"] * 1e3, "loadavg1": os.getloadavg()[0]}
@@ -664,7 +659,7 @@ def plot(res: dict, path: str) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds after the SIGKILL")
     ax.set_title(f"(b) the scheduler SIGKILLed, started again ({len(b)} rounds)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
 
     load = (res.get("load") or {}).get("windows") or []
     labels = sorted({w["label"] for w in load})
@@ -677,8 +672,9 @@ def plot(res: dict, path: str) -> None:
         ax.set_ylim(bottom=0)
         ax.set_title(f"(c) the scheduler with and without jobs ({len(load) // max(len(labels), 1)} windows each)")
     m = res.get("machine", {})
-    fig.suptitle(f"streamlb job service, commit {res.get('commit')}; machine: {m.get('cpus')} CPUs, numpy probe "
-                 f"sort 2M {m.get('sort_2m_ms')} ms, matmul 512x10 {m.get('matmul_512x10_ms')} ms", fontsize=10)
+    fig.suptitle(f"streamlb job service, commit {res.get('commit')}; machine: {m.get('cpus')} CPUs, np.add.at probe "
+                 f"{m.get('probe_mrecords_s')} M records/s, 1-min load average {m.get('loadavg', [0])[0]:.1f}",
+                 fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -698,10 +694,19 @@ def main() -> int:
     ap.add_argument("--land-every", type=float, default=0.5, help="seconds between files (per job)")
     ap.add_argument("--port", type=int, default=8851, help="the scheduler's; the dashboard's is the next")
     ap.add_argument("--parts", default="abc", help="which figures: any of a, b, c")
+    ap.add_argument("--worker-preload", default=None,
+                    help="a module the workers import at start (dask worker --preload), e.g. streamlb._worker")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "jobs-service.json"))
     ap.add_argument("--plot", default=os.path.join(REPO, "docs", "images", "jobs-service.png"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--from-json", default=None, help="print the summary and draw the plot of a JSON written before")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            res = json.load(f)
+        print_summary(summarise(res))
+        plot(res, args.plot)
+        return 0
 
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -714,7 +719,7 @@ def main() -> int:
         print(f"port {args.port} or {args.port + 1} is taken: pick another with --port", file=sys.stderr)
         return 2
     root = tempfile.mkdtemp(prefix=f"streamlb-jobs-bench-{args.port}-")
-    cluster = Cluster(root, args.port, args.workers)
+    cluster = Cluster(root, args.port, args.workers, args.worker_preload)
     atexit.register(cluster.kill_all)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     res = {"commit": commit, "uncommitted": changed, "argv": sys.argv[1:], "started": time.time(), "root": root}
