@@ -242,6 +242,8 @@ class Lifecycle:
             while True:
                 if interrupted.is_set():
                     raise KeyboardInterrupt
+                if job.status == "stopped":     # by another thread: its instances are let go
+                    raise JobFailedError(f"job {job.id} was stopped before it finished")
                 try:
                     rows = self._look(poll_timeout)
                 except TimeoutError:                # slow to answer: was its worker lost?

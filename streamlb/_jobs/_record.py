@@ -58,7 +58,8 @@ class JobRecord:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out["uptime"] = (time.time() - self.started) if self.started and self.active else None
+        live = self.status in ("running", "stopping")
+        out["uptime"] = (time.time() - self.started) if self.started and live else None
         return out
 
     @classmethod

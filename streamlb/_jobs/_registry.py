@@ -309,7 +309,7 @@ class JobRegistry(SchedulerPlugin):
     def _end(self, rec: JobRecord, status: str, error: str | None = None, reason: str | None = None) -> None:
         rec.status, rec.ended = status, time.time()
         rec.error = error
-        rec.reason = reason or rec.reason
+        rec.reason = reason
         rec.save(self.root)
         self.waiting.pop(rec.name, None)
         (logger.error if status == "failed" else logger.info)(

@@ -27,7 +27,9 @@ timeout) is counted and logged; the job goes on and the next checkpoint writes e
 Test hook: with the environment variable ``STREAMLB_TEST_KILL_AFTER_MANIFEST=<id>`` the
 driver SIGKILLs its own process right after the manifest of checkpoint ``<id>`` (or of the
 first checkpoint past it) is written, before its outputs are committed: the moment a
-resume has to commit them (tests/test_sealed_outputs.py). Not for use outside tests.
+resume has to commit them (tests/test_sealed_outputs.py). ``=<file>`` (a file holding the
+id) kills only the first driver to get there, which removes the file: a submitted job's
+driver started again resumes (tests/test_jobs_service.py). Not for use outside tests.
 """
 from __future__ import annotations
 
@@ -81,8 +83,20 @@ def _source_graph(st) -> dict:
 
 
 def _test_kill(cid: int) -> None:
-    """The test hook: die here, after checkpoint ``cid``'s manifest and before its commit."""
+    """The test hook: die here, after checkpoint ``cid``'s manifest and before its commit.
+    The variable holds a checkpoint id, or the path of a file holding one: then only the
+    first driver to get there dies (it removes the file), not the one that resumes."""
     at = os.environ.get(KILL_AFTER_MANIFEST)
+    if at and not at.isdigit():
+        try:
+            with open(at) as f:
+                first = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return
+        if cid < first:
+            return
+        os.remove(at)
+        at = str(first)
     if at and cid >= int(at):
         logger.warning("%s=%s: SIGKILL after the manifest of checkpoint %d", KILL_AFTER_MANIFEST, at, cid)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -14,6 +14,7 @@ ends reports how (finished, cancelled or failed, with the error) and exits.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -29,6 +30,9 @@ from . import _definition
 __all__ = ["main", "Driver", "CALLS"]
 
 logger = logging.getLogger("streamlb.jobs")
+
+#: Seconds the records/s a driver reports are averaged over.
+RATE_OVER = 10.0
 
 
 def _history(job):
@@ -75,7 +79,7 @@ class Driver:
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="streamlb-call")
         self.done = threading.Event()       # the job ended (and ``wait`` returned or raised)
         self.ended = False                  # the end was reported: the registry forgets this driver
-        self._records = (time.time(), 0)
+        self._seen = collections.deque([(time.time(), 0)])     # (time, records read) of recent reports
 
     # -- talking to the registry ------------------------------------------------------------------
     def _scheduler(self, op: str, **kw):
@@ -101,13 +105,15 @@ class Driver:
         rows = job._results.last or []
         records = sum(r.get("records_out", 0) for r in rows if job.plan.stages[r["key"][0]].is_source)
         now = time.time()
-        t0, r0 = self._records
-        self._records = (now, records)
+        self._seen.append((now, records))
+        while len(self._seen) > 2 and now - self._seen[1][0] >= RATE_OVER:
+            self._seen.popleft()
+        t0, r0 = self._seen[0]
         cp = job.checkpointer
         last = cp.last if cp is not None else None
         return {"run": job.id, "status": job.status,
                 "parallelism": {st.name: st.parallelism for st in job.plan.stages},
-                "records": int(records), "records_per_s": max(records - r0, 0) / max(now - t0, 1e-9),
+                "records": int(records), "records_per_s": max(records - r0, 0) / (now - t0) if now > t0 else 0.0,
                 "checkpoint": None if not last else {"id": last.get("id"), "completed": last.get("completed"),
                                                      "path": cp.last_base},
                 "recoveries": job.recovery.count if job.recovery is not None else 0,
