@@ -44,6 +44,18 @@ def to_a_list(inp):
     return src
 
 
+def state_only(inp):
+    src = Stream.from_parquet(inp, watch="200ms")
+    src.key_by("key").aggregate({"n": ("value", "count")}, name="totals")
+    return src
+
+
+def with_kafka(inp, out, topic, bootstrap):
+    src = pipeline(inp, out)
+    src.to_kafka_topic(topic, {"bootstrap.servers": bootstrap}, key="key")
+    return src
+
+
 def kafka(topic, conf, out):
     src = Stream.from_kafka_topic(topic, {"bootstrap.servers": conf}, decode="json", offsets="earliest",
                                   batch_size=1_000)
@@ -137,12 +149,25 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
+    """One cluster for the module. Its drivers die after a checkpoint's manifest once a
+    test writes that checkpoint's id into ``cluster.kill_after`` (the test hook of
+    streamlb._recovery._coordinator); the last test kills its scheduler."""
     root = tmp_path_factory.mktemp("service")
     with open(root / "job.py", "w") as f:
         f.write(SCRIPT)
-    cluster = Cluster(root).start()
+    kill_after = str(root / "kill-after")
+    cluster = Cluster(root, env={"STREAMLB_TEST_KILL_AFTER_MANIFEST": kill_after})
+    cluster.kill_after = kill_after
+    cluster.start()
     yield cluster
     cluster.close()
+
+
+def pipelines(service) -> dict:
+    """The functions of the module's job script, to build pipelines in this process."""
+    namespace: dict = {}
+    exec(compile(SCRIPT, str(os.path.join(service.root, "job.py")), "exec"), namespace)
+    return namespace
 
 
 class Files:
@@ -237,7 +262,8 @@ def test_a_submitted_job_outlives_its_script_and_is_operated_from_other_processe
 def test_a_killed_driver_is_replaced_and_the_job_stays_exactly_once(service, tmp_path):
     files, out, ck = Files(tmp_path), str(tmp_path / "out"), str(tmp_path / "ck")
     files.land(2)
-    job = submit(service, "driver-kill", files, out, "--checkpoint", ck, "--checkpoint-interval", "1s")
+    job = streamlb.submit(pipelines(service)["pipeline"](files.dir, out), address=service.address,
+                          name="driver-kill", checkpoint=ck, checkpoint_interval="1s")
     read_all(job, files.records)
     for round in range(2):
         pid = job.describe()["driver"]["pid"]
@@ -256,6 +282,40 @@ def test_a_killed_driver_is_replaced_and_the_job_stays_exactly_once(service, tmp
     job.close()
 
 
+def kafka_ids(kafka, topic: str) -> pd.Series:
+    """The ``id`` of every record ``topic`` holds, read committed."""
+    values = [v for _, _, _, v in kafka.read_all(topic, isolation="read_committed")]
+    return pd.Series([json.loads(v)["id"] for v in values], dtype=np.int64)
+
+
+def test_a_driver_killed_between_a_manifest_and_its_commit_loses_no_output(service, kafka, tmp_path):
+    from kafka_broker import topic_name
+
+    files, out, ck = Files(tmp_path), str(tmp_path / "out"), str(tmp_path / "ck")
+    topic = kafka.create_topic(topic_name("sealed"), partitions=2)
+    files.land(2)
+    job = streamlb.submit(pipelines(service)["with_kafka"](files.dir, out, topic, kafka.bootstrap),
+                          address=service.address, name="sealed", checkpoint=ck, checkpoint_interval="1s")
+    read_all(job, files.records)
+    done = until("a checkpoint", lambda: (job.describe()["info"].get("checkpoint") or {}).get("id"))
+    pid = job.describe()["driver"]["pid"]
+    with open(service.kill_after + ".tmp", "w") as f:
+        f.write(str(done + 2))
+    os.rename(service.kill_after + ".tmp", service.kill_after)      # armed: the driver dies at that manifest
+    files.land(2)           # outputs the checkpoint seals when the driver dies
+    until("the driver killed at the manifest and a new one running",
+          lambda: (lambda r: r["status"] == "running" and r["driver"]["pid"] != pid)(job.describe()), timeout=90)
+    assert not os.path.exists(service.kill_after), "the hook did not fire"
+    files.land(1)
+    read_all(job, files.records)
+    job.stop()
+    exactly_once(out, files.frames)
+    ids = kafka_ids(kafka, topic)
+    assert not ids.duplicated().any() and set(ids) == set(pd.concat(files.frames)["id"])
+    assert len(ids) == files.records
+    job.close()
+
+
 def test_stop_with_a_savepoint_then_submit_with_restore_at_another_parallelism(service, tmp_path):
     files, out = Files(tmp_path), str(tmp_path / "out")
     files.land(2)
@@ -269,15 +329,19 @@ def test_stop_with_a_savepoint_then_submit_with_restore_at_another_parallelism(s
                  "--checkpoint", str(tmp_path / "ck2"))
     assert job.parallelism("totals") == 3
     read_all(job, files.records)
-    service.cli("job", "stop", "upgrade")
+    job.stop()
     exactly_once(out, files.frames)
     job.close()
 
 
 def test_bad_commands_are_refused_and_change_nothing(service, tmp_path):
+    from streamlb import ReconfigurationError
+
     files, out = Files(tmp_path), str(tmp_path / "out")
     files.land(1)
-    job = submit(service, "steady", files, out, "--checkpoint", str(tmp_path / "ck"))
+    made = pipelines(service)
+    job = streamlb.submit(made["pipeline"](files.dir, out), address=service.address, name="steady",
+                          checkpoint=str(tmp_path / "ck"))
     read_all(job, files.records)
 
     def refused(*args, says: str):
@@ -286,26 +350,31 @@ def test_bad_commands_are_refused_and_change_nothing(service, tmp_path):
         assert says in r.stderr, (args, r.stderr)
 
     refused("job", "stop", "nope", says="no job named 'nope' on this cluster")
-    refused("job", "rescale", "steady", "nope", "3", says="no operator named 'nope'")
     refused("job", "rescale", "steady", "totals", "0", says="parallelism must be an integer in 1..")
     sp = tmp_path / "taken"
     sp.mkdir()
     refused("job", "savepoint", "steady", str(sp), says=f"savepoint path '{sp}' exists already")
     refused("submit", "job.py:to_a_list", files.dir, "--name", "listed", says="sink_to_list")
-    refused("submit", "job.py", files.dir, out, "--name", "steady", says="a job named 'steady' is running")
-    refused("job", "rescale", "steady", "totals", "3", "--address", "tcp://127.0.0.1:1",
-            says="no Dask scheduler answered at 'tcp://127.0.0.1:1'")
+    with pytest.raises(ReconfigurationError, match="no operator named 'nope'"):
+        job.rescale("nope", 3)
+    with pytest.raises(JobServiceError, match="a job named 'steady' is running"):
+        streamlb.submit(made["pipeline"](files.dir, out), address=service.address, name="steady")
+    with pytest.raises(JobServiceError, match="no sink: its results could only be read with job.state()"):
+        streamlb.submit(made["state_only"](files.dir), address=service.address, name="stateonly")
+    with pytest.raises(JobServiceError, match="no job named 'nope'"):
+        streamlb.attach(service.address, "nope")
     # nothing changed: the same job runs on, as it was, and reads what lands
     rec = job.describe()
     assert rec["status"] == "running" and rec["restarts"] == 0
     assert job.parallelism("totals") == 2 and os.listdir(sp) == []
-    assert "listed" not in {r["name"] for r in json.loads(service.cli("jobs", "--json").stdout)}
+    assert {"listed", "stateonly"}.isdisjoint(streamlb.jobs(service.address)["name"])
     files.land(1)
     read_all(job, files.records)
     job.cancel()
     assert job.status == "cancelled"
     with pytest.raises(JobServiceError, match="job 'steady' is cancelled"):
         job.savepoint(str(tmp_path / "late"))
+    job.close()
 
 
 def test_a_definition_another_version_wrote_is_refused_naming_both(tmp_path):
@@ -314,7 +383,8 @@ def test_a_definition_another_version_wrote_is_refused_naming_both(tmp_path):
     data = _definition.dump("j", plan=None, options=None, ranges={})
     head, _, body = data.partition(b"\n")
     other = json.dumps({**json.loads(head), "streamlb": "0.0.1"}).encode() + b"\n" + body
-    with pytest.raises(JobServiceError, match=r"written by streamlb 0\.0\.1 .*this is streamlb " + streamlb.__version__):
+    here = streamlb.__version__
+    with pytest.raises(JobServiceError, match=r"written by streamlb 0\.0\.1 .*this is streamlb " + here):
         _definition.load(other, "d.pkl")
     # a body that needs a module this process cannot import
     mod = tmp_path / "gone_mod.py"
@@ -332,56 +402,16 @@ def test_a_definition_another_version_wrote_is_refused_naming_both(tmp_path):
         _definition.load(head + b"\n" + body, "d.pkl")
 
 
-def test_after_the_scheduler_is_killed_and_started_again_the_job_resumes_by_itself(tmp_path):
-    root = tmp_path
-    with open(root / "job.py", "w") as f:
-        f.write(SCRIPT)
-    cluster = Cluster(root).start()
-    try:
-        files, out = Files(root), str(root / "out")
-        files.land(2)
-        job = submit(cluster, "survivor", files, out, "--checkpoint", str(root / "ck"), "--checkpoint-interval", "1s")
-        read_all(job, files.records)
-        until("a checkpoint", lambda: (job.describe()["info"].get("checkpoint") or {}).get("id"))
-        job.close()
-        # a job another streamlb version wrote is in the registry too: listed as failed, with the reason
-        bad = os.path.join(cluster.jobs_dir, "old")
-        os.makedirs(bad)
-        with open(os.path.join(bad, "definition.pkl"), "wb") as f:
-            f.write(json.dumps({"format": 1, "name": "old", "streamlb": "0.0.1", "python": "3.9"}).encode() + b"\n")
-        with open(os.path.join(bad, "job.json"), "w") as f:
-            json.dump({"name": "old", "id": "deadbeef", "status": "running", "submitted": time.time(),
-                       "checkpoint": str(root / "ck-old"), "workers": 1}, f)
-        cluster.kill_scheduler()
-        t0 = time.time()
-        files.land(1)
-        cluster.start_scheduler()
-        cluster.start_workers()       # as a supervisor restarts them
-        job = streamlb.attach(cluster.address, "survivor")
-        until("the job running again", lambda: job.describe()["status"] == "running", timeout=90)
-        print(f"scheduler SIGKILLed: the job runs again after {time.time() - t0:.1f} s")
-        read_all(job, files.records)
-        listed = json.loads(cluster.cli("jobs", "--json").stdout)
-        row = next(r for r in listed if r["name"] == "survivor")
-        assert row["restarts"] == 1 and row["status"] == "running"
-        old = until("the old job's end", lambda: next(r for r in json.loads(cluster.cli("jobs", "--json").stdout)
-                                                       if r["name"] == "old" and r["status"] == "failed"))
-        assert "written by streamlb 0.0.1" in old["error"], old
-        files.land(1)
-        cluster.cli("job", "stop", "survivor")
-        exactly_once(out, files.frames)
-        job.close()
-    finally:
-        cluster.close()
-
-
-def test_a_kafka_fed_job_survives_its_script_its_driver_and_the_scheduler(kafka, tmp_path):
+def test_every_job_resumes_by_itself_after_the_scheduler_is_killed_and_started_again(service, kafka, tmp_path):
+    """The last test of the module: it kills the module's scheduler. A watched-directory job
+    and a Kafka-fed one (submitted from a script, rescaled, savepointed, its driver killed
+    first) both resume from their latest complete checkpoints, exactly once."""
     from kafka_broker import topic_name
 
-    root = tmp_path
-    with open(root / "job.py", "w") as f:
-        f.write(SCRIPT)
-    cluster = Cluster(root).start()
+    files, out = Files(tmp_path), str(tmp_path / "out")
+    files.land(2)
+    job = submit(service, "survivor", files, out, "--checkpoint", str(tmp_path / "ck"),
+                 "--checkpoint-interval", "1s")
     topic = kafka.create_topic(topic_name("svc"), partitions=2)
     frames: list[pd.DataFrame] = []
 
@@ -393,37 +423,57 @@ def test_a_kafka_fed_job_survives_its_script_its_driver_and_the_scheduler(kafka,
         kafka.produce(topic, [line.encode() for line in df.to_json(orient="records", lines=True).splitlines()])
         frames.append(df)
 
-    try:
-        out = str(root / "out")
-        produce()
-        r = cluster.cli("submit", "job.py:kafka", topic, kafka.bootstrap, out, "--name", "fed",
-                        "--checkpoint", str(root / "ck"), "--checkpoint-interval", "1s")
-        assert "job fed (" in r.stdout
-        job = streamlb.attach(cluster.address, "fed")
-        read_all(job, sum(map(len, frames)))
-        produce()
-        assert "runs as 3 instances" in cluster.cli("job", "rescale", "fed", "totals", "3").stdout
-        cluster.cli("job", "savepoint", "fed", str(root / "sp"))
-        read_all(job, sum(map(len, frames)))
-        pid = job.describe()["driver"]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        produce()
-        until("a new driver", lambda: (lambda r: r["status"] == "running" and r["driver"]["pid"] != pid)(
-            job.describe()))
-        read_all(job, sum(map(len, frames)))
-        job.close()
-        until("a checkpoint after the restart",
-              lambda: (streamlb.attach(cluster.address, "fed").describe()["info"].get("checkpoint") or {}).get("id"))
-        cluster.kill_scheduler()
-        produce()
-        cluster.start_scheduler()
-        cluster.start_workers()
-        job = streamlb.attach(cluster.address, "fed")
-        until("the job running again", lambda: job.describe()["status"] == "running", timeout=90)
-        read_all(job, sum(map(len, frames)))
-        assert job.describe()["restarts"] == 2
-        cluster.cli("job", "stop", "fed")
-        exactly_once(out, frames)
-        job.close()
-    finally:
-        cluster.close()
+    produce()
+    kout = str(tmp_path / "kout")
+    r = service.cli("submit", "job.py:kafka", topic, kafka.bootstrap, kout, "--name", "fed",
+                    "--checkpoint", str(tmp_path / "kck"), "--checkpoint-interval", "1s")
+    assert "job fed (" in r.stdout
+    fed = streamlb.attach(service.address, "fed")
+    read_all(fed, sum(map(len, frames)))
+    produce()
+    assert "runs as 3 instances" in service.cli("job", "rescale", "fed", "totals", "3").stdout
+    service.cli("job", "savepoint", "fed", str(tmp_path / "sp"))
+    read_all(fed, sum(map(len, frames)))
+    pid = fed.describe()["driver"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    produce()
+    until("a new driver for the Kafka-fed job",
+          lambda: (lambda r: r["status"] == "running" and r["driver"]["pid"] != pid)(fed.describe()))
+    read_all(fed, sum(map(len, frames)))
+    read_all(job, files.records)
+    for j in (job, fed):
+        j.close()
+    # a job another streamlb version wrote is in the registry too: listed as failed, with the reason
+    bad = os.path.join(service.jobs_dir, "old")
+    os.makedirs(bad)
+    with open(os.path.join(bad, "definition.pkl"), "wb") as f:
+        f.write(json.dumps({"format": 1, "name": "old", "streamlb": "0.0.1", "python": "3.9"}).encode() + b"\n")
+    with open(os.path.join(bad, "job.json"), "w") as f:
+        json.dump({"name": "old", "id": "deadbeef", "status": "running", "submitted": time.time(),
+                   "checkpoint": str(tmp_path / "ck-old"), "workers": 1}, f)
+    time.sleep(2.5)         # a checkpoint of each since the last records
+    service.kill_scheduler()
+    t0 = time.time()
+    files.land(1)
+    produce()
+    service.start_scheduler()
+    service.start_workers()       # as a supervisor restarts them
+    job, fed = streamlb.attach(service.address, "survivor"), streamlb.attach(service.address, "fed")
+    for j in (job, fed):
+        until("the job running again", lambda: j.describe()["status"] == "running", timeout=90)
+    print(f"scheduler SIGKILLed: both jobs run again after {time.time() - t0:.1f} s")
+    read_all(job, files.records)
+    read_all(fed, sum(map(len, frames)))
+    listed = json.loads(service.cli("jobs", "--json").stdout)
+    restarts = {r["name"]: r["restarts"] for r in listed}
+    assert restarts["survivor"] == 1 and restarts["fed"] == 2, restarts
+    old = next(r for r in listed if r["name"] == "old")
+    assert old["status"] == "failed" and "written by streamlb 0.0.1" in old["error"], old
+    files.land(1)
+    service.cli("job", "stop", "survivor")
+    fed.stop()
+    exactly_once(out, files.frames)
+    exactly_once(kout, frames)
+    for j in (job, fed):
+        assert j.status == "finished"
+        j.close()
