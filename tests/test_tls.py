@@ -190,3 +190,31 @@ def test_a_client_without_the_certificates_is_refused(tls_cluster, tmp_path):
         assert issubclass(kind, OSError) and "SSL" in message, (kind, message)
     kind, _ = client_refusal(address.replace("tls://", "tcp://"))  # plain tcp to a TLS listener
     assert issubclass(kind, OSError)
+
+
+def test_a_job_submitted_to_a_tls_cluster_runs_and_is_listed_over_tls(tls_cluster, skewed, tmp_path):
+    """The scheduler has no job registry yet: ``submit`` registers one; its driver joins the
+    cluster with the scheduler's certificates; the CLI reaches it with Dask's TLS options."""
+    import subprocess
+    import sys
+
+    address, files = tls_cluster
+    path, truth = skewed
+    src = Stream.from_parquet(path, batch_size=5_000)
+    out = str(tmp_path / "out")
+    src.key_by("key").aggregate(AGG, parallelism=2, name="agg").to_parquet(out)
+    job = streamlb.submit(src, address=address, name="over-tls", security=tls_security(files))
+    job.wait(timeout=120)
+    assert job.status == "finished"
+    tls = ["--address", address, "--tls-ca-file", files[0], "--tls-cert", files[1], "--tls-key", files[2]]
+    listed = subprocess.run([sys.executable, "-m", "streamlb.cli", "jobs", "--json", *tls], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["status"] for r in json.loads(listed.stdout) if r["name"] == "over-tls"] == ["finished"]
+    plain = subprocess.run([sys.executable, "-m", "streamlb.cli", "jobs", "--address", address],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0         # no certificates: refused
+    got = pd.read_parquet(out).reset_index()
+    final = got.sort_values("n", kind="stable").groupby("key").last()[list(truth.columns)]
+    pd.testing.assert_frame_equal(final.sort_index(), truth.sort_index(), check_dtype=False, check_names=False)
+    job.close()

@@ -105,17 +105,15 @@ class RemoteJob:
             time.sleep(poll)
 
     def running(self, timeout: float = 60.0) -> RemoteJob:
-        """Until the job's driver runs it (it may be starting or restarting): raise as
-        :meth:`wait` if it ends first."""
+        """Until the job's driver runs it (it may be starting or restarting), or it ended
+        (a short job may end first): raise as :meth:`wait` if it failed."""
         deadline = time.time() + timeout
         while True:
             rec = self.describe()
-            if rec["status"] == "running":
-                return self
             if rec["status"] == "failed":
                 raise JobFailedError(f"job {self.name!r} failed: {rec['error']}")
-            if rec["status"] not in ACTIVE:
-                raise JobServiceError(f"job {self.name!r} is {rec['status']}")
+            if rec["status"] == "running" or rec["status"] not in ACTIVE:
+                return self
             if time.time() > deadline:
                 raise TimeoutError(f"job {self.name!r} still {rec['status']} after {timeout:g} s")
             time.sleep(0.2)
