@@ -117,6 +117,11 @@ class Recovery:
                 from .._placement import cluster_workers
 
                 workers = sorted(cluster_workers(job.client))
+                if not workers:
+                    job.error = JobFailedError(f"job {job.id}: worker {', '.join(lost)} lost and no worker is left "
+                                               f"to restore {last} on: every worker of the cluster is gone")
+                    job.status = "failed"
+                    raise job.error
                 run = max(job.runs.values(), default=0) + 1
                 job._deploy(workers, restored, fresh_clock=False, run=run)
                 topology = job.topology()
