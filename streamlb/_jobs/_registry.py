@@ -95,7 +95,7 @@ class JobRegistry(SchedulerPlugin):
             "streamlb_jobs_report": self.report,
         })
         _add_json_view(scheduler, self)
-        self._pc = PeriodicCallback(self._supervise, 500)
+        self._pc = PeriodicCallback(self._supervise, 200)      # ms: a lost driver is seen within 0.2 s
         self._pc.start()
         logger.info("job registry in %s%s: %d job(s), %d active", self.root,
                     " (temporary: jobs do not survive the scheduler)" if self.ephemeral else "",
