@@ -477,3 +477,16 @@ def test_every_job_resumes_by_itself_after_the_scheduler_is_killed_and_started_a
     for j in (job, fed):
         assert j.status == "finished"
         j.close()
+
+
+def test_a_record_that_cannot_be_read_is_listed_as_failed_with_the_reason(tmp_path):
+    from streamlb._jobs import JobRecord
+
+    good = JobRecord(name="good", id="1234abcd", status="running", submitted=time.time(), checkpoint="ck")
+    good.save(str(tmp_path))
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "job.json").write_text('{"name": "torn", "id": ')
+    records, unreadable = JobRecord.load_all(str(tmp_path))
+    assert records["good"].status == "running" and records["good"].checkpoint == "ck"
+    assert records["torn"].status == "failed" and "torn/job.json" in records["torn"].error
+    assert "JSONDecodeError" in records["torn"].error and len(unreadable) == 1

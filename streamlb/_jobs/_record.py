@@ -82,7 +82,8 @@ class JobRecord:
 
     @classmethod
     def load_all(cls, root: str) -> tuple[dict[str, JobRecord], list[str]]:
-        """The records under ``root`` by name, and the directories that hold none readable."""
+        """The records under ``root`` by name, and what could not be read (each such job is
+        listed as failed, with the reason)."""
         out, bad = {}, []
         for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
             path = os.path.join(root, name, "job.json")
@@ -92,7 +93,11 @@ class JobRecord:
                 with open(path) as f:
                     rec = cls.from_dict(json.load(f))
             except (OSError, ValueError, TypeError) as exc:
-                bad.append(f"{path}: {type(exc).__name__}: {exc}")
+                why = f"{path}: {type(exc).__name__}: {exc}"
+                bad.append(why)
+                # listed as failed with the reason, never dropped (the file is left as it is)
+                out[name] = cls(name=name, id="?", status="failed", submitted=os.path.getmtime(path),
+                                error=f"its record cannot be read: {why}")
                 continue
             out[rec.name] = rec
         return out, bad

@@ -80,7 +80,7 @@ class JobRegistry(SchedulerPlugin):
         os.makedirs(self.root, exist_ok=True)
         self.records, unreadable = JobRecord.load_all(self.root)
         for what in unreadable:
-            logger.error("job registry: %s cannot be read; the job is not listed (fix or remove the file)", what)
+            logger.error("job registry: %s cannot be read; the job is listed as failed (fix or remove the file)", what)
         for rec in self.records.values():
             if rec.active:
                 rec.status, rec.reason, rec.driver = "restarting", "the scheduler started again", {}
