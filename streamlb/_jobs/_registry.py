@@ -132,8 +132,11 @@ class JobRegistry(SchedulerPlugin):
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "definition.pkl"), "wb") as f:
             f.write(definition)
+        # drivers are numbered on from the job of that name that ended: one of its drivers still
+        # exiting can never pass for one of the new job's
         rec = JobRecord(name=name, id=uuid.uuid4().hex[:8], status="starting", submitted=time.time(),
-                        checkpoint=checkpoint, versions=dict(versions or {}), workers=max(int(workers), 1))
+                        checkpoint=checkpoint, versions=dict(versions or {}), workers=max(int(workers), 1),
+                        drivers=old.drivers if old is not None else 0)
         self.records[name] = rec
         rec.save(self.root)
         self._start_driver(rec)
