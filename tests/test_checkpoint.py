@@ -87,7 +87,8 @@ def check_exact(job, frame, outs, out):
 def test_checkpoints_are_exact_incremental_and_retained(two_workers, data, tmp_path):
     path, frame = data
     ck = str(tmp_path / "ck")
-    src, outs = build(path, str(tmp_path / "out"), rate=90_000)
+    # 40k records/s: the job runs long enough for three checkpoints 0.25 s apart on a loaded machine
+    src, outs = build(path, str(tmp_path / "out"), rate=40_000)
     with dask.config.set({"streamlb.checkpoint.retained": 2, "streamlb.checkpoint.compression": "lz4"}):
         job = streamlb.run(src, client=two_workers, checkpoint=ck, checkpoint_interval=0.25)
         job.wait(timeout=120)
