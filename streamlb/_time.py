@@ -121,3 +121,16 @@ def time_type(col: pd.Series | np.ndarray, unit: str | None):
     if getattr(dtype, "kind", None) == "M" and isinstance(dtype, np.dtype):
         return dtype
     return np.dtype("datetime64[ns]")    # tz-aware or object timestamps: as nanoseconds
+
+
+def age(seconds) -> str:
+    """A duration for people to read in a table: ``"12.3s"``, ``"4.5min"``, ``"2.0h"``;
+    ``"-"`` for None or NaN (the job service's listings)."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}min"
+    return f"{seconds / 3600:.1f}h"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 import time
 
+from .._time import age as _age
+
 __all__ = ["REGISTRY", "registry_of", "jobs_table_html", "submitted_names", "COLUMNS"]
 
 #: The name the job registry has among the scheduler's plugins.
@@ -34,17 +36,6 @@ def registry_of(scheduler):
     """The scheduler's job registry plugin, or None."""
     plugins = getattr(scheduler, "plugins", None) or {}
     return plugins.get(REGISTRY)
-
-
-def _age(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _row(rec: dict, now: float) -> list[str]:

@@ -16,6 +16,7 @@ import runpy
 import sys
 import time
 
+from .._time import age as _age
 from ._args import _command
 
 __all__ = ["add_parsers", "load_pipeline"]
@@ -47,17 +48,6 @@ def _connect(args):
         security = Security(tls_ca_file=args.tls_ca_file, tls_client_cert=args.tls_cert,
                             tls_client_key=args.tls_key, require_encryption=True)
     return address, security
-
-
-def _age(seconds) -> str:
-    if seconds is None or seconds != seconds:
-        return "-"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}min"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _jobs(args) -> int:
