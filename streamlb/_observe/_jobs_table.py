@@ -11,19 +11,19 @@ from __future__ import annotations
 import html
 import time
 
+from .._jobs import ACTIVE, NAME
 from .._time import age as _age
 
 __all__ = ["REGISTRY", "registry_of", "jobs_table_html", "submitted_names", "COLUMNS"]
 
 #: The name the job registry has among the scheduler's plugins.
-REGISTRY = "streamlb-jobs"
+REGISTRY = NAME
 COLUMNS = ("job", "status", "uptime", "parallelism", "records/s", "last checkpoint", "restarts", "recoveries",
            "error or reason")
 #: Colour of a status in the table (others: the text's).
 STATUS_COLOURS = {"running": "#2ca02c", "restarting": "#ff7f0e", "starting": "#1f77b4", "stopping": "#1f77b4",
                   "failed": "#d62728"}
 _NOTE_CHARS = 300
-_ACTIVE = ("starting", "running", "restarting", "stopping")
 
 
 def submitted_names(records: list[dict]) -> dict[str, str]:
@@ -46,7 +46,7 @@ def _row(rec: dict, now: float) -> list[str]:
     cp = info.get("checkpoint") or {}
     last = (f"{cp.get('id')} ({_age(now - cp['completed'])} ago)" if cp.get("completed")
             else "none yet" if rec.get("checkpoint") else "no checkpoints")
-    note = rec.get("error") or (rec.get("reason") if rec.get("status") in _ACTIVE else None) or ""
+    note = rec.get("error") or (rec.get("reason") if rec.get("status") in ACTIVE else None) or ""
     if len(note) > _NOTE_CHARS:
         note = note[:_NOTE_CHARS] + "..."
     uptime = rec.get("uptime") if live else None     # a restarting job's is its lost driver's

@@ -11,11 +11,10 @@ import time
 
 import pandas as pd
 
+from .._jobs._record import ACTIVE
 from ..exceptions import JobFailedError, JobServiceError
 
 __all__ = ["RemoteJob", "connect"]
-
-ACTIVE = ("starting", "running", "restarting", "stopping")
 
 
 def connect(address=None, client=None, security=None, timeout=None):
