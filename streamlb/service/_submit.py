@@ -76,7 +76,8 @@ def submit(node, address: str | None = None, name: str | None = None, *, client=
 
     name = name or f"job-{uuid.uuid4().hex[:8]}"
     if "n_workers" in options:
-        options.pop("n_workers")
+        raise JobServiceError("submit takes no n_workers=: the job runs on the workers of the cluster at address= "
+                              "(start them with `dask worker`)")
     run_options = RunOptions.build(address=address, **options)
     _on_cluster.check_graph(node, run_options)
     client, owned = connect(address, client, security)
