@@ -21,8 +21,8 @@ STRATEGIES = ["all-at-once", "fluid", "lazy", "pause", "batched"]
 AGG = {"count": ("value", "count"), "sum": ("value", "sum"), "max": ("value", "max")}
 
 
-def pipeline(path, rate):
-    src = Stream.from_parquet(path, batch_size=10_000, rate=rate)
+def pipeline(path, rate, watch=None):
+    src = Stream.from_parquet(path, batch_size=10_000, rate=rate, watch=watch)
     totals = src.key_by("key").aggregate(AGG, parallelism=3, name="totals").sink_to_list()
     outs = src.key_by("key").stateful_map(running_count, parallelism=3, name="running").sink_to_list()
     return src, outs, totals
@@ -400,7 +400,9 @@ def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_pat
     owners (holding rows back, installing, pulling keys lazily, merging) never hash it
     again, however many epochs move state meanwhile."""
     two_workers.run(_count_hashed_rows, True)
-    src, outs, totals = pipeline(zipf_path, rate=100_000)         # two keyed exchanges; 3 s
+    # two keyed exchanges; 3 s of stream, watched so that the job runs on until it is drained
+    # (on a loaded machine the five moves outlasted the stream: an instance done before an epoch)
+    src, outs, totals = pipeline(zipf_path, rate=100_000, watch="1s")
     # rows, not batches summed per key (which hash each distinct key once): every record
     # is counted
     with dask.config.set({"streamlb.exchange.combine": False}), \
@@ -411,7 +413,10 @@ def test_a_records_key_group_is_computed_once_per_exchange(two_workers, zipf_pat
                                          ("all-at-once", "running", range(30, 50), 0)]:
             time.sleep(0.1)
             job.migrate(op, list(groups), to, strategy=strategy)
-        job.wait(timeout=120)
+        deadline = time.time() + 120
+        while job.state("totals")["count"].sum() < len(zipf_frame) and time.time() < deadline:
+            time.sleep(0.5)
+        job.drain(timeout=120)
         truth = zipf_frame.groupby("key").agg(**AGG)
         pd.testing.assert_frame_equal(job.state("totals"), truth, check_dtype=False)
     assert len(job.history) >= 5

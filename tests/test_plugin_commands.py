@@ -28,6 +28,7 @@ from streamlb.plugin import NAME
 AGG = {"n": ("value", "count"), "total": ("value", "sum")}
 G, N = 64, 3                        # key groups, instances of "agg"
 ROWS, RATE = 120_000, 12_000        # about 10 s of stream: the commands (2-3 s) are sent while it runs
+# the source watches its directory, so the job runs until the test drains it, however slow the machine
 RESERVED = {"op", "reply", "close", "serializers"}      # taken by distributed's RPC itself
 
 # values of every type a message can carry
@@ -238,7 +239,7 @@ def test_malformed_commands_are_refused_and_the_job_stays_exact(source):
     path, df = source
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
             Client(cl) as client:
-        src = Stream.from_parquet(path, batch_size=2_000, rate=RATE)
+        src = Stream.from_parquet(path, batch_size=2_000, rate=RATE, watch="1s")
         src.key_by("key").aggregate(AGG, parallelism=N, name="agg")
         with streamlb.run(src, client=client, key_groups=G, window="250ms", balancer="static") as job:
             jid = job.id
@@ -299,7 +300,10 @@ def test_malformed_commands_are_refused_and_the_job_stays_exact(source):
             helper = (home_of_5 + 1) % N    # key 5 split over a helper and merged back
             assert job.split("agg", 5, [helper]).splits == ((5, (helper,)),)
             assert job.split("agg", 5, []).splits == ()
-            job.wait(timeout=120)
+            deadline = time.time() + 120
+            while job.state("agg")["n"].sum() < ROWS and time.time() < deadline:
+                time.sleep(0.5)     # every row read, then the watching source is drained
+            job.drain(timeout=120)
             pd.testing.assert_frame_equal(job.state("agg"), df.groupby("key").agg(**AGG), check_dtype=False)
 
 
