@@ -24,6 +24,9 @@ __all__ = [
     "ReconfigurationError",
     "CommandError",
     "CheckpointError",
+    "PeerUnreachableError",
+    "InstanceUnresponsiveError",
+    "SinkWriteError",
     "StreamlbWarning",
 ]
 
@@ -126,6 +129,50 @@ class CheckpointError(StreamlbError, RuntimeError):
     the checkpoint is partial or corrupt (no manifest, a missing file, a checksum mismatch),
     or the graph restored into does not match it. The message names the file or the
     mismatch."""
+
+
+class PeerUnreachableError(StreamlbError, ConnectionError):
+    """An instance could not deliver to another instance (a network partition between their
+    workers, a connect or write timeout) while both workers are still listed by the
+    scheduler. A fault like a lost worker: a checkpointed job recovers from it on workers
+    that reach each other. Attributes: ``sender`` and ``receiver`` (instance labels),
+    ``address`` (the receiver's worker)."""
+
+    def __init__(self, message: str, sender: str = "", receiver: str = "", address: str = ""):
+        super().__init__(message)
+        self.sender, self.receiver, self.address = sender, receiver, address
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.sender, self.receiver, self.address))
+
+
+class InstanceUnresponsiveError(StreamlbError, TimeoutError):
+    """An instance answered none of the driver's polls for ``streamlb.fault.heartbeat-timeout``
+    (its worker frozen, stopped or stuck). A fault like a lost worker: a checkpointed job
+    recovers without that worker. Attributes: ``instance``, ``address``, ``silent`` (seconds)."""
+
+    def __init__(self, message: str, instance: str = "", address: str = "", silent: float = 0.0):
+        super().__init__(message)
+        self.instance, self.address, self.silent = instance, address, silent
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.instance, self.address, self.silent))
+
+
+class SinkWriteError(StreamlbError, OSError):
+    """A sink could not write its output (a full disk, a read-only or missing directory, no
+    permission). The message names the sink, the path and the cause (``errno``/``strerror``
+    of the ``OSError``, chained), never a traceback. Attributes: ``sink``, ``path``,
+    ``errno_name`` (e.g. ``"ENOSPC"``), ``permanent`` (retrying cannot help: no space, no
+    permission, read-only: the job fails at once rather than spend its restart attempts)."""
+
+    def __init__(self, message: str, sink: str = "", path: str = "", errno_name: str = "",
+                 permanent: bool = True):
+        super().__init__(message)
+        self.sink, self.path, self.errno_name, self.permanent = sink, path, errno_name, permanent
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.sink, self.path, self.errno_name, self.permanent))
 
 
 class JobServiceError(StreamlbError, RuntimeError):

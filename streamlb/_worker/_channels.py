@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import StreamlbError
+from ..exceptions import PeerUnreachableError, StreamlbError
 from ._messages import Envelope
 
 
@@ -51,6 +51,18 @@ class Peer:
         return await call_actor(self.worker.rpc, self.address, self.key, method, *args)
 
 
+def _send_error(label: str, peer: Peer, exc: BaseException) -> StreamlbError:
+    """What a failed send says: the network did not deliver (a timeout, a refused or closed
+    connection: :class:`PeerUnreachableError`, a fault the job recovers from), or the
+    receiver refused the message (anything else)."""
+    from distributed.comm.core import CommClosedError
+
+    text = f"instance {label} could not send to {peer.key} on {peer.address}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, (OSError, CommClosedError, asyncio.TimeoutError)):
+        return PeerUnreachableError(text, label, peer.key, peer.address)
+    return StreamlbError(text)
+
+
 class OutChannel:
     """Sender side of one channel: sequence numbers and a credit window.
 
@@ -84,8 +96,7 @@ class OutChannel:
             if done is not None:
                 done(reply)
         except Exception as exc:
-            self.on_error(StreamlbError(f"instance {self.label} could not send to {self.peer.key} on "
-                                        f"{self.peer.address}: {type(exc).__name__}: {exc}"))
+            self.on_error(_send_error(self.label, self.peer, exc))
         finally:
             self.sem.release()
 
