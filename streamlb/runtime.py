@@ -369,6 +369,18 @@ class Job:
         """Checkpoints that did not complete (a write failed or timed out); the job went on."""
         return self._checkpoints.failures
 
+    def failures(self) -> pd.DataFrame:
+        """The faults the job met, oldest first, one row per recovery attempt and one for
+        the failure that ended it, if any (see docs/fault-tolerance.md): ``time``, ``kind``
+        (``worker lost``, ``peer unreachable``, ``worker unresponsive``, ``sink write``,
+        ``instance unreachable``), ``workers`` it points to, ``detail`` (the error seen),
+        ``action`` (``recovered``, ``failed``, or why the attempt failed), ``attempt`` (of
+        ``restart_attempts``) and ``checkpoint`` (the one restored). Empty for a job run
+        without ``checkpoint=``: there, any such fault fails the job (``job.error``)."""
+        from ._recovery._faults import FaultLog
+
+        return (self.recovery.faults if self.recovery is not None else FaultLog()).frame()
+
     # -- reconfiguration (streamlb._job._reconfigure) ----------------------------------------------
     def topology(self) -> dict:
         """What a coordinator needs: actors by role and the routing tables (msgpack-able)."""

@@ -23,7 +23,7 @@ import time
 import weakref
 
 from .. import config
-from ..exceptions import JobFailedError
+from ..exceptions import InstanceUnresponsiveError, JobFailedError, StreamlbError
 
 __all__ = ["Lifecycle", "stop_live_jobs", "track"]
 
@@ -98,6 +98,7 @@ class Lifecycle:
         self.ending = threading.Lock()  # a failure and a stop: only the first ends the job
         self.finishing = threading.Lock()   # two waits that see the job done: one commits it
         self.draining = False           # Job.drain was called (see ._drain)
+        self.silent_since: dict = {}    # instance -> when it first left a poll unanswered (monotonic)
         self.unwatch = threading.Event()
         self.watcher: threading.Thread | None = None
 
@@ -117,6 +118,7 @@ class Lifecycle:
                 key_groups=job.key_groups, window=job.window, credits=job.credits, run=run))
         if run:
             job.runs = dict.fromkeys(futures, run)
+        self.silent_since.clear()       # new instances: nothing unanswered yet
         job._futures = futures  # actors referenced only by actors would be collected
         job.actors = _placement.bound_actors(futures, job.client)
         # a restored job's windows may be past what its sources' new watermarks say: its
@@ -160,6 +162,8 @@ class Lifecycle:
             if late_actor is a:         # an answer that came too late last time: it holds outputs
                 futs.append((k, late_answer, True))
                 continue                # (a replacement's actor is asked afresh)
+            if late_actor is not None:
+                self.silent_since.pop(k, None)
             try:
                 futs.append((k, a.poll(), False))
             except Exception as exc:    # Dask already knows the actor's worker is gone
@@ -173,6 +177,7 @@ class Lifecycle:
                 # the others' answers are still taken: they hold outputs; so does this one,
                 # which the instance gave away when it answered: the next poll takes it
                 self.pending[k] = (job.actors.get(k), f)
+                self.silent_since.setdefault(k, time.monotonic())
                 late = True
                 continue
             except Exception as exc:
@@ -182,6 +187,7 @@ class Lifecycle:
                 failure = failure or (k, exc)
                 continue
             r["key"] = k
+            self.silent_since.pop(k, None)
             if r["status"] == "retired":      # retired by a rescale meanwhile: absorbed there
                 continue
             out.append(r)
@@ -268,11 +274,22 @@ class Lifecycle:
 
     def _look(self, poll_timeout: float) -> list[dict] | None:
         """Poll the instances once (``TimeoutError`` if one is slow to answer): their rows;
-        None if a worker was lost and the job recovered from a checkpoint meanwhile. A
-        failure that no recovery handles fails the job: its error is raised."""
+        None if a fault (a lost, cut off or frozen worker) was met and the job recovered from
+        a checkpoint meanwhile. A failure that no recovery handles fails the job: its error
+        is raised, and ``status``/``error`` say the same."""
         job = self.job
         if job.error is not None:           # failed in another thread (the watcher, a checkpoint's recovery)
             raise job.error
+        since = job.recovery.count if job.recovery is not None else 0
+        try:
+            return self._look_once(poll_timeout, since)
+        except (StreamlbError, TimeoutError):
+            raise
+        except Exception as exc:            # the driver's own call failed: the network's or the scheduler's
+            return self._unexpected(exc, since)
+
+    def _look_once(self, poll_timeout: float, since: int) -> list[dict] | None:
+        job = self.job
         if job.recovery is not None and job.recovery.check():
             return None
         gone = job.cluster_gone()
@@ -284,13 +301,92 @@ class Lifecycle:
             failed = [r["error"] for r in rows if r["status"] == "failed"]
         except JobFailedError as exc:       # an instance could not be reached
             rows, failed = [], [exc]
+        except TimeoutError:
+            if self._unresponsive(since):
+                return None
+            raise
         if failed:
-            if job.recovery is not None and job.status == "running" and job.recovery.handle(failed[0]):
+            if job.recovery is not None and job.status == "running" and job.recovery.handle(failed[0], since=since):
                 return None
             if job.error is not None:       # the recoveries ran out, or the job failed meanwhile
                 raise job.error
             self.on_failure(failed[0])
         return rows
+
+    def _unresponsive(self, since: int) -> bool:
+        """An instance answered no poll for ``streamlb.fault.heartbeat-timeout``: a fault.
+        True once recovered from; the job fails if it cannot be (no checkpoint, attempts
+        used up); False while no instance has been silent that long."""
+        job = self.job
+        limit = config.seconds("fault.heartbeat-timeout")
+        now = time.monotonic()
+        silent = {k: now - t for k, t in self.silent_since.items() if now - t > limit and k in job.actors}
+        if not silent:
+            return False
+        k = max(silent, key=silent.get)
+        w, label = job.workers_of.get(k), f"{job.plan.stages[k[0]].name}[{k[1]}]"
+        err = InstanceUnresponsiveError(
+            f"job {job.id}: instance {label} on {w} answered no poll for {silent[k]:.1f} s "
+            f"(streamlb.fault.heartbeat-timeout={limit:g}s): its worker is frozen, stopped or stuck",
+            label, w, silent[k])
+        logger.warning("%s", err)
+        self.silent_since.clear()
+        if job.recovery is not None and job.status == "running" and \
+                job.recovery.handle(err, suspects=[w] if w else [], since=since):
+            return True
+        if job.error is not None:
+            raise job.error
+        self.on_failure(err)
+
+    def _unexpected(self, exc: BaseException, since: int) -> None:
+        """A call of the driver's own failed with an error of Dask or the network: the
+        scheduler is gone (the job with it: the error names the checkpoint to resume from),
+        or it is a fault to recover from, or the job fails with it."""
+        job = self.job
+        lost = self.scheduler_lost(exc)
+        if lost is not None:
+            with self.ending:
+                if job.status != "running":
+                    raise job.error or lost
+                job.status, job.error = "failed", lost
+            job._release.gone = "its scheduler was lost"
+            self._remove_uncommitted()
+            raise lost
+        if job.recovery is not None and job.status == "running" and job.recovery.handle(exc, since=since):
+            return None
+        err = JobFailedError(f"job {job.id}: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        self.on_failure(err)
+
+    def scheduler_lost(self, exc: BaseException | None = None) -> JobFailedError | None:
+        """The error of a job whose scheduler cannot be reached any more (None while it
+        can): it names the scheduler, the latest complete checkpoint and how to resume."""
+        job = self.job
+        client = job.client
+        try:
+            if getattr(client, "status", "closed") not in ("running", "newly-created"):
+                raise OSError(f"the client's connection is {client.status!r}")
+            client.sync(client.scheduler.identity, n_workers=0, callback_timeout=5)
+            return None
+        except Exception as probe:
+            why = f"{type(probe).__name__}: {probe}"
+        address = getattr(getattr(client, "scheduler", None), "address", "?")
+        ckpt = job.checkpointer
+        if ckpt is not None and ckpt.last is not None:
+            resume = (f"The latest complete checkpoint is {ckpt.completed_id} in {ckpt.last_base}; resume the job "
+                      f"on a running cluster with streamlb.run(<the same pipeline>, address=..., "
+                      f"checkpoint={ckpt.url!r}), which starts from it (or streamlb.submit, to keep it running "
+                      f"beyond this process).")
+        elif ckpt is not None and ckpt.url:
+            resume = (f"No checkpoint completed yet under {ckpt.url}: run the job again from the start.")
+        else:
+            resume = ("It ran without checkpoint=, so it cannot be resumed: run it again; with checkpoint=... a new "
+                      "run resumes from the latest complete checkpoint.")
+        err = JobFailedError(f"job {job.id}: its scheduler at {address} was lost ({why}); the job's instances "
+                             f"are gone with it. {resume}")
+        if exc is not None:
+            err.__cause__ = exc
+        return err
 
     def watch(self) -> None:
         """Start the watcher: while no :meth:`wait` polls the running job, poll it every

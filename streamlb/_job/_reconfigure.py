@@ -16,7 +16,7 @@ import logging
 import numpy as np
 
 from .. import config
-from ..exceptions import MigrationError
+from ..exceptions import MigrationError, ReconfigurationError
 from ..routing import RoutingTable
 from ._results import keyed
 
@@ -76,16 +76,59 @@ class Reconfiguration:
 
     def rescale(self, operator: str, parallelism: int, strategy: str | None, workers: list[str] | None) -> int:
         """See :meth:`streamlb.Job.rescale`."""
-        self.note(self.job.reconfig.rescale(operator, parallelism, strategy, workers))
+        self.note(self._faultless(f"rescale of {operator!r} to {parallelism}", operator,
+                                  lambda: self.job.reconfig.rescale(operator, parallelism, strategy, workers)))
         return self.parallelism(operator)
 
     def move_instance(self, operator: str, instance: int, worker: str) -> None:
         """See :meth:`streamlb.Job.move_instance`."""
-        self.note(self.job.reconfig.move_instance(operator, instance, worker))
+        self.note(self._faultless(f"move of {operator!r}[{instance}] to {worker}", operator,
+                                  lambda: self.job.reconfig.move_instance(operator, instance, worker)))
 
     def update(self, operator: str, func) -> None:
         """See :meth:`streamlb.Job.update`."""
-        self.note(self.job.reconfig.update(operator, func))
+        self.note(self._faultless(f"update of {operator!r}", operator,
+                                  lambda: self.job.reconfig.update(operator, func)))
+
+    def _faultless(self, what: str, operator: str, call) -> dict:
+        """Run the reconfiguration ``call``; if a fault (a lost worker, ...) met it, end with
+        what happened instead of Dask's error: the job recovered from a checkpoint, which
+        undid it (a :class:`ReconfigurationError` saying what is in force), or the job failed."""
+        job = self.job
+        recovery = job.recovery
+        before = recovery.count if recovery is not None else 0
+        try:
+            rec = call()
+        except Exception as exc:
+            # a refusal (nothing was changed) is said as it is; a step that failed may be a fault's
+            refused = isinstance(exc, ReconfigurationError) and exc.__cause__ is None
+            if recovery is not None and (job.status == "running" and not refused or recovery.count > before):
+                try:
+                    recovery.handle(exc, since=before)
+                except Exception:           # the job failed: said below
+                    pass
+            if job.status == "failed":
+                raise ReconfigurationError(f"{what} did not complete: {type(exc).__name__}: {exc}; the job failed: "
+                                           f"{job.error}") from exc
+            if recovery is not None and recovery.count > before:
+                raise ReconfigurationError(self._undone(what, operator, exc)) from exc
+            if isinstance(exc, MigrationError):
+                raise
+            raise ReconfigurationError(f"{what} failed: {type(exc).__name__}: {exc}; {operator!r} runs "
+                                       f"{self.parallelism(operator)} instances") from exc
+        if recovery is not None and recovery.count > before:
+            raise ReconfigurationError(self._undone(what, operator, None))
+        return rec
+
+    def _undone(self, what: str, operator: str, exc: BaseException | None) -> str:
+        job = self.job
+        rec = next((h for h in reversed(self.done) if h.get("kind") == "recovery"), {})
+        where = sorted({w for k, w in job.workers_of.items() if job.plan.stages[k[0]].name == operator})
+        cause = f"{rec.get('fault', 'a fault')} ({', '.join(rec.get('lost_workers') or rec.get('left_out') or [])})"
+        start = f"checkpoint {rec['checkpoint']}" if rec.get("checkpoint") else "the beginning (no checkpoint yet)"
+        return (f"{what} was undone: {cause} during it, and the job recovered from {start}; "
+                f"{operator!r} runs {self.parallelism(operator)} instances now, on {', '.join(where)}"
+                + ("" if exc is None else f" (the step that failed: {type(exc).__name__}: {exc})"))
 
     def note(self, rec: dict) -> None:
         """Keep a reconfiguration for ``history`` and log it."""

@@ -292,9 +292,10 @@ class Checkpointer:
             lost = False
             if job.recovery is not None and time.time() > look:
                 look = time.time() + 0.25
-                lost = bool(job.recovery.lost_workers())
+                gone, silent = job.recovery.faulty()      # lost, or frozen: this one cannot complete
+                lost = bool(gone or silent)
             if time.time() > deadline or lost:
-                for k in pending:       # a worker died, or an instance is stuck: give this one up
+                for k in pending:       # a worker died or froze, or an instance is stuck: give this one up
                     errors.append(f"{stages[k[0]].name}[{k[1]}]: no acknowledgement "
                                   f"({self._stuck(actors[k], cid)})")
                     self.late.append((k, cid, actors[k]))   # its outputs of this checkpoint are still to collect
