@@ -278,22 +278,25 @@ class Checkpointer:
         deadline = time.time() + self.timeout
         pending = dict(futs)
         look = time.time() + 0.25          # when to ask the scheduler whether a worker left
+        failed = False
         while pending:
             for k, f in list(pending.items()):
                 if f.done():
                     del pending[k]
                     try:
                         acks[k] = f.result()
+                        failed = failed or bool(acks[k].get("failed"))
                     except Exception as exc:
                         errors.append(f"{stages[k[0]].name}[{k[1]}]: {type(exc).__name__}: {exc}")
                         self.late.append((k, cid, actors[k]))
+                        failed = True
             if not pending:
                 break
-            lost = False
+            lost = failed           # an instance failed (e.g. its sink's disk is full): this one cannot complete
             if job.recovery is not None and time.time() > look:
                 look = time.time() + 0.25
                 gone, silent = job.recovery.faulty()      # lost, or frozen: this one cannot complete
-                lost = bool(gone or silent)
+                lost = lost or bool(gone or silent)
             if time.time() > deadline or lost:
                 for k in pending:       # a worker died or froze, or an instance is stuck: give this one up
                     errors.append(f"{stages[k[0]].name}[{k[1]}]: no acknowledgement "

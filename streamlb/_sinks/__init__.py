@@ -1,7 +1,8 @@
 """Sinks behind one seam: a writer for each kind of sink step, a committer for each kind
 whose outputs the driver commits.
 
-``_base`` holds the seam (:class:`SinkWriter`, :class:`Committer`, :class:`SinkContext`);
+``_base`` holds the seam (:class:`SinkWriter`, :class:`Committer`, :class:`SinkContext`),
+``_errors`` the error of a write that failed (:func:`~._errors.write_error`);
 every other module holds one sink, its writer and (when the driver commits its outputs)
 its committer: ``_list`` (``sink_to_list``), ``_parquet`` (``to_parquet``, files staged
 under ``_temporary``), ``_kafka`` (``to_kafka_topic``, transactional producers; imports

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ..exceptions import PipelineError
 from ._base import Committer, SinkWriter
+from ._errors import write_error
 
 logger = logging.getLogger("streamlb.checkpoint")
 
@@ -47,9 +48,13 @@ class ParquetWriter(SinkWriter):
         self._file: str | None = None
         self.closed: list[list[str]] = []   # [path, file] closed at the end, not yet sealed
 
+    @property
+    def where(self) -> str:
+        """The sink as the user sees it: ``to_parquet('out') in agg[1]``."""
+        return f"to_parquet({self.path!r}) in {self.ctx.operator}[{self.ctx.index}]"
+
     def write(self, x) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         path = self.path
         if not isinstance(x, pd.DataFrame):
@@ -57,13 +62,7 @@ class ParquetWriter(SinkWriter):
                 f"to_parquet({path!r}) in {self.ctx.operator!r} got {type(x).__name__}; it writes DataFrames"
             )
         table = pa.Table.from_pandas(x)
-        w = self._writer
-        if w is None:
-            tmp = os.path.join(path, "_temporary")
-            os.makedirs(tmp, exist_ok=True)
-            fn = os.path.join(tmp, self._staged_name() if self.ctx.staged else f"{self.part}.parquet")
-            w = self._writer = pq.ParquetWriter(fn, table.schema)
-            self._file = fn
+        w = self._writer or self._open(table.schema)
         try:
             table = table.cast(w.schema)
         except (pa.ArrowInvalid, ValueError) as exc:
@@ -71,7 +70,24 @@ class ParquetWriter(SinkWriter):
                 f"to_parquet({path!r}): a batch's schema {table.schema} does not match the "
                 f"first batch's {w.schema}: {exc}"
             ) from exc
-        w.write_table(table)
+        try:
+            w.write_table(table)
+        except OSError as exc:          # a full disk, a quota: the instance fails, named (not retried here)
+            raise write_error(self.where, self._file, exc) from exc
+
+    def _open(self, schema):
+        """Open the file the rows go to, under ``_temporary``."""
+        import pyarrow.parquet as pq
+
+        tmp = os.path.join(self.path, "_temporary")
+        fn = os.path.join(tmp, self._staged_name() if self.ctx.staged else f"{self.part}.parquet")
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            self._writer = pq.ParquetWriter(fn, schema)
+        except OSError as exc:
+            raise write_error(self.where, fn, exc, "create") from exc
+        self._file = fn
+        return self._writer
 
     def _staged_name(self) -> str:
         job = f"-{self.ctx.job}" if self.ctx.job else ""
@@ -80,7 +96,10 @@ class ParquetWriter(SinkWriter):
     def _close(self) -> list[list[str]]:
         if self._writer is None:
             return []
-        self._writer.close()
+        try:
+            self._writer.close()        # writes the footer: it may find the disk full too
+        except OSError as exc:          # the writer is kept: abort() removes the half-written file
+            raise write_error(self.where, self._file, exc, "finish") from exc
         self._writer = None
         return [[self.path, self._file]]
 
@@ -98,13 +117,27 @@ class ParquetWriter(SinkWriter):
 
     def abort(self) -> None:
         """A failed or stopped instance removes the file it was writing."""
-        if self._writer is not None:
-            try:
-                self._writer.close()
-                os.remove(self._file)
-            except OSError:
-                pass
-        self._writer = None
+        w, self._writer = self._writer, None
+        if w is None:
+            return
+        try:
+            w.close()
+        except OSError:                 # a full disk: it is removed all the same
+            pass
+        try:
+            os.remove(self._file)
+        except OSError:
+            pass
+
+
+def _move(path: str, fn: str, final: str) -> None:
+    """The driver commits staged file ``fn`` of the sink on ``path`` as ``final`` (an
+    ``OSError`` is the sink's :class:`~streamlb.exceptions.SinkWriteError`, named)."""
+    try:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.replace(fn, final)
+    except OSError as exc:
+        raise write_error(f"to_parquet({path!r})", final, exc, "commit") from exc
 
 
 class ParquetCommitter(Committer):
@@ -117,8 +150,7 @@ class ParquetCommitter(Committer):
         """Files (``[path, file]``) of a complete checkpoint: into their dataset."""
         for path, fn in part or ():
             if os.path.exists(fn):
-                os.makedirs(path, exist_ok=True)
-                os.replace(fn, os.path.join(path, os.path.basename(fn)))
+                _move(path, fn, os.path.join(path, os.path.basename(fn)))
 
     def sealed(self, part, keep, cid: int) -> list[list[str]]:
         """``[staged file, final name]`` of each file of ``part``."""
@@ -129,8 +161,7 @@ class ParquetCommitter(Committer):
         staged (written after the checkpoint by the job that wrote it)."""
         for fn, final in recorded or ():
             if os.path.exists(fn):
-                os.makedirs(os.path.dirname(final), exist_ok=True)
-                os.replace(fn, final)
+                _move(os.path.dirname(final), fn, final)
             elif not os.path.exists(final):
                 logger.warning("to_parquet: %s, sealed by the checkpoint resumed, is neither staged nor "
                                "committed (removed by hand?): its rows are not in the output", final)
@@ -142,16 +173,20 @@ class ParquetCommitter(Committer):
         checkpoint is left where it is."""
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
-            os.makedirs(path, exist_ok=True)
             if os.path.isdir(tmp):
                 for fn in sorted(os.listdir(tmp)):
                     if self._mine(fn):
-                        os.replace(os.path.join(tmp, fn), os.path.join(path, fn))
+                        _move(path, os.path.join(tmp, fn), os.path.join(path, fn))
                 try:
                     os.rmdir(tmp)
                 except OSError:         # another job's files are there
                     pass
-            open(os.path.join(path, "_SUCCESS"), "w").close()
+            marker = os.path.join(path, "_SUCCESS")
+            try:
+                os.makedirs(path, exist_ok=True)
+                open(marker, "w").close()
+            except OSError as exc:
+                raise write_error(f"to_parquet({path!r})", marker, exc) from exc
 
     def _mine(self, fn: str) -> bool:
         """Whether staged file ``fn`` is this job's: not staged per checkpoint, or named

@@ -205,6 +205,15 @@ class CheckpointSide:
             fut = self.acks[cid] = asyncio.get_running_loop().create_future()
         return fut
 
+    def failed(self, exc: BaseException) -> None:
+        """The instance failed: every acknowledgement the driver awaits says so at once (its
+        checkpoints can no longer complete), rather than after the checkpoint's timeout."""
+        why = f"instance {self.label} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        for fut in self.acks.values():
+            if not fut.done():
+                fut.set_result({"operator": self.stage.name, "instance": self.index, "run": self.run,
+                                "segment": None, "groups": None, "file": None, "failed": True, "error": why})
+
     def resolve(self, cid: int, ack: dict) -> None:
         """A source's acknowledgement (its position, no state)."""
         self.taken.add(cid)

@@ -193,6 +193,7 @@ class Instance:
             exc = StreamlbError(f"instance {self.label} failed: {type(exc).__name__}: {exc}\n"
                                 + "".join(traceback.format_exception(exc)))
         self.life.error = exc
+        self.ckpt.failed(exc)
         self.tasks.cancel()
         self.sinks.abort()
 
