@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from .. import config
-from ..exceptions import CheckpointError
+from ..exceptions import CheckpointError, SinkWriteError
 from .._plan._model import KEYED_KINDS
 
 logger = logging.getLogger("streamlb.checkpoint")
@@ -167,6 +167,13 @@ class Checkpointer:
                 if job.recovery is not None and job.recovery.check():
                     continue            # a worker was lost: recovered instead
                 self.take()
+            except SinkWriteError as exc:   # committing a sink's outputs (the job fails if it cannot pass)
+                if exc.permanent and job.status == "running" and not self._stop.is_set():
+                    try:
+                        job._lifecycle.on_failure(exc)      # raises it (or the error the job failed with)
+                    except Exception:
+                        return
+                logger.warning("job %s: committing a checkpoint's outputs failed: %s", job.id, exc)
             except Exception as exc:        # never stops the job: the next one retries
                 if job.status == "running" and not self._stop.is_set():
                     logger.warning("job %s: checkpoint failed: %s", job.id, exc)
@@ -255,7 +262,11 @@ class Checkpointer:
             self.last, self.last_base = manifest, resolve(url)[1]
             self.completed_id = cid
             retain(url, self.retained)
-        self.commit()
+        unwritten = None
+        try:
+            self.commit()
+        except SinkWriteError as exc:       # the checkpoint is complete all the same: its outputs stay staged
+            unwritten = exc
         # a recovery goes back to the last checkpoint, never to a savepoint: the outputs a
         # savepoint's barrier sealed (Kafka transactions too) commit with the next checkpoint
         for k, a in actors.items():
@@ -265,6 +276,8 @@ class Checkpointer:
         logger.info("job %s: %s %d complete in %.3f s (%d bytes written, %d referenced)", job.id,
                     "savepoint" if target else "checkpoint", cid, done - t0, manifest["bytes_written"],
                     manifest["bytes_referenced"])
+        if unwritten is not None:
+            raise unwritten
         return manifest
 
     def _await_acks(self, cid: int, full: bool, target: str | None, actors: dict,
@@ -380,7 +393,10 @@ class Checkpointer:
             return
         with self._outputs:
             self.staged.append({"label": label, "after": self.triggered_id, **segment})
-        self.commit()
+        try:
+            self.commit()
+        except SinkWriteError as exc:       # they stay staged: the next checkpoint's commit tries again
+            logger.warning("job %s: committing a checkpoint's outputs failed: %s", self.job.id, exc)
 
     def commit(self, everything: bool = False) -> None:
         """Hand over the outputs of complete checkpoints (``everything``: the job finished)."""
@@ -390,8 +406,13 @@ class Checkpointer:
             self.staged = [s for s in self.staged if not any(s is r for r in ready)]
         ready.sort(key=lambda s: (s["label"] is None, s["label"] or 0))
         outputs = self.job._results.outputs
-        for s in ready:
-            outputs.commit(s)
+        for i, s in enumerate(ready):
+            try:
+                outputs.commit(s)
+            except Exception:           # e.g. a SinkWriteError: what is not committed stays staged
+                with self._outputs:
+                    self.staged[:0] = ready[i:]
+                raise
 
     def collect_late(self, wait: bool = False) -> None:
         """Outputs of instances that acknowledged a checkpoint after it was given up: staged
