@@ -16,11 +16,19 @@ from ._plan._model import Stage
 Key = tuple[int, int]           # (stage id, instance index)
 
 
-def cluster_workers(client) -> dict[str, dict]:
+def cluster_workers(client, timeout: float = 10.0) -> dict[str, dict]:
     """The scheduler's workers now (address -> info), asked of the scheduler itself: the
     client's ``scheduler_info()`` returns a cache that its periodic refresh replaces with
-    one holding no workers, so reading it right after a fetch can find none."""
-    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    one holding no workers, so reading it right after a fetch can find none. A scheduler
+    that does not answer within ``timeout`` seconds (lost, its client reconnecting):
+    :class:`~streamlb.exceptions.SchedulerUnreachableError`."""
+    try:
+        return client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)["workers"]
+    except TimeoutError:
+        from .exceptions import SchedulerUnreachableError
+
+        raise SchedulerUnreachableError(f"the scheduler at {client.scheduler.address} did not answer within "
+                                        f"{timeout:g} s (client status {client.status!r})") from None
 
 
 def place(stage: Stage, indices: Iterable[int], workers: list[str]) -> dict[int, str]:
@@ -40,6 +48,7 @@ def bound_actors(futures: dict, client) -> dict:
     """
     out = {}
     direct = config.get("direct-calls")
+    created(client, futures)
     # one gather for all (each ``result()`` was a round trip of its own, through the scheduler)
     handles = client.gather(list(futures.values()), direct=True if direct else None)
     for (k, f), actor in zip(futures.items(), handles):
@@ -50,6 +59,35 @@ def bound_actors(futures: dict, client) -> dict:
             actor._future = f
         out[k] = actor
     return out
+
+
+def _task_states(dask_scheduler, keys) -> dict:
+    """Run on the scheduler: the state of each task of ``keys`` (None: unknown)."""
+    tasks = dask_scheduler.tasks
+    return {k: tasks[k].state if k in tasks else None for k in keys}
+
+
+def created(client, futures: dict, every: float = 0.5) -> None:
+    """Wait until the actors of ``futures`` exist. An instance whose worker left before it
+    was made waits for that worker for ever (its task is restricted to it: state
+    ``no-worker``): raise ``ConnectionError`` naming it instead, a fault the caller (a
+    recovery) answers with another attempt."""
+    from distributed import wait
+
+    pending = list(futures.values())
+    while pending:
+        try:
+            wait(pending, timeout=every)
+        except TimeoutError:
+            pass
+        pending = [f for f in pending if not f.done()]
+        if not pending:
+            return
+        states = client.run_on_scheduler(_task_states, keys=[f.key for f in pending])
+        stuck = sorted(k for k, s in states.items() if s == "no-worker")     # None: not there yet
+        if stuck:
+            raise ConnectionError(f"instance {stuck[0]} (and {len(stuck) - 1} more) cannot be created: the worker "
+                                  f"it was placed on left the cluster (task state {states[stuck[0]]!r})")
 
 
 @functools.cache

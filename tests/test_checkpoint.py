@@ -390,3 +390,137 @@ def test_restart_attempts_exhausted_fails_naming_the_worker(cluster3, data, tmp_
     msg = str(err.value)
     assert victim in msg and "restart_attempts=0" in msg and "last complete checkpoint: checkpoint" in msg
     job.stop()
+
+
+# -- faults beyond one lost worker (docs/fault-tolerance.md, "Faults and what streamlb does") ---------
+def _job_worker(job, operator: str, exclude=()) -> str:
+    """A worker holding an instance of ``operator`` (not one of ``exclude``)."""
+    return sorted({w for k, w in job.workers_of.items()
+                   if job.plan.stages[k[0]].name == operator and w not in exclude})[0]
+
+
+@pytest.mark.cluster
+def test_a_worker_lost_during_a_recovery_is_one_more_attempt(cluster3, data, tmp_path):
+    """A second worker SIGKILLed while the job recovers from a first (as the recovery
+    re-creates the instances, on one of the workers it places them on): one more recovery
+    attempt, and ``wait()`` returns exact. At b858ae2 ``wait()`` raised ``OSError: Unable to
+    contact Actor's worker`` while ``status`` said "running"."""
+    path, frame = data
+    cluster3.wait_for_workers(3, timeout=60)
+    out = str(tmp_path / "out")
+    src, outs = build(path, out, rate=60_000)
+    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
+    pids = cluster3.run(os.getpid)
+    killed = []
+    deploy = job._deploy
+
+    def deploy_after_a_second_kill(workers, restored, fresh_clock, run=0):
+        """The recovery's deploy: SIGKILL one of the workers it is about to use, first."""
+        if run and len(killed) == 1:
+            killed.append(sorted(workers)[0])
+            os.kill(pids[killed[-1]], signal.SIGKILL)
+        return deploy(workers, restored, fresh_clock, run)
+
+    job._deploy = deploy_after_a_second_kill
+    deadline = time.time() + 20
+    while job.checkpoints().empty and time.time() < deadline:
+        time.sleep(0.02)
+    killed.append(_job_worker(job, "totals"))
+    os.kill(pids[killed[0]], signal.SIGKILL)
+    job.wait(timeout=180)
+    assert job.status == "done" and job.error is None
+    check_exact(job, frame, outs, out)
+    assert len(killed) == 2
+    faults = job.failures()
+    print("\n" + faults.to_string())
+    assert faults["attempt"].max() >= 2 and (faults["action"] == "recovered").sum() >= 1
+    assert not killed[0] in job.workers_of.values() and not killed[1] in job.workers_of.values()
+    job.stop()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("change", ["rescale", "move"])
+def test_a_worker_lost_during_a_rescale_or_move_ends_the_call_with_what_is_in_force(
+        cluster3, data, tmp_path, change):
+    """A worker SIGKILLed while ``rescale`` / ``move_instance`` runs: the job recovers
+    exactly, and the call returns or raises a ReconfigurationError saying it was undone and
+    the parallelism then in force; never Dask's own error (``RuntimeError: Worker holding
+    Actor was lost``, ``OSError``, ``CommClosedError``), as at b858ae2."""
+    from streamlb import ReconfigurationError
+
+    path, frame = data
+    cluster3.wait_for_workers(3, timeout=60)
+    out = str(tmp_path / "out")
+    src, outs = build(path, out, rate=30_000)
+    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
+    pids = cluster3.run(os.getpid)
+    deadline = time.time() + 20
+    while job.checkpoints().empty and time.time() < deadline:
+        time.sleep(0.02)
+    busy, killed = threading.Event(), []
+
+    def kill_when_busy():
+        while not job.reconfig._busy and time.time() < deadline + 30:
+            time.sleep(0.0005)
+        killed.append(_job_worker(job, "totals"))
+        os.kill(pids[killed[0]], signal.SIGKILL)
+        busy.set()
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    try:
+        if change == "rescale":
+            job.rescale("totals", 5)
+        else:
+            here = job.workers_of[(job.plan.stage("totals").id, 0)]
+            job.move_instance("totals", 0, sorted(w for w in pids if w != here)[0])
+        outcome = "returned"
+    except ReconfigurationError as exc:
+        outcome = str(exc)
+        assert "undone" in outcome or "did not complete" in outcome, outcome
+        if "undone" in outcome:
+            assert f"'totals' runs {job.parallelism('totals')} instances now" in outcome, outcome
+    killer.join(timeout=60)
+    print(f"\n{change}: {outcome}")
+    assert busy.is_set()
+    job.wait(timeout=180)
+    check_exact(job, frame, outs, out)
+    assert any(h.get("kind") == "recovery" for h in job.history)
+    job.stop()
+
+
+@pytest.mark.cluster
+def test_a_lost_scheduler_fails_the_job_naming_the_checkpoint_to_resume(data, tmp_path):
+    """The `dask scheduler` SIGKILLed under a job of ``streamlb.run``: ``wait()`` raises a
+    JobFailedError that says the scheduler was lost and names the latest complete checkpoint
+    and the call that resumes it, and ``status``/``error`` say the same (at b858ae2: a raw
+    ``OSError``/``CommClosedError`` with ``status`` "running"). Resumed as it says on a new
+    cluster, the job ends exact."""
+    from distributed import Client
+
+    path, frame = data
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    with dask_cli_cluster(workers=2) as address, Client(address) as client:
+        src, outs = build(path, out, rate=30_000)
+        job = streamlb.run(src, client=client, checkpoint=ck, checkpoint_interval=0.3)
+        deadline = time.time() + 20
+        while len(job.checkpoints()) < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        os.kill(client.run_on_scheduler(os.getpid), signal.SIGKILL)
+        t0 = time.time()
+        with pytest.raises(JobFailedError) as err:
+            job.wait(timeout=120)
+        took = time.time() - t0
+        msg = str(err.value)
+        print(f"\nfailed {took:.1f} s after the scheduler's SIGKILL: {msg}")
+        cid = job.checkpointer.completed_id
+        assert "scheduler" in msg and address.split("//")[1] in msg, msg
+        assert f"checkpoint is {cid} in" in msg and f"checkpoint={ck!r}" in msg, msg
+        assert job.status == "failed" and job.error is err.value
+        job.stop()
+    with dask_cli_cluster(workers=2) as address, Client(address) as client:
+        src, outs2 = build(path, out, rate=None)
+        job = streamlb.run(src, client=client, checkpoint=ck)
+        job.wait(timeout=120)
+        check_exact(job, frame, outs + outs2, out)
+        job.stop()

@@ -23,7 +23,7 @@ import time
 import weakref
 
 from .. import config
-from ..exceptions import InstanceUnresponsiveError, JobFailedError, StreamlbError
+from ..exceptions import InstanceUnresponsiveError, JobFailedError, SchedulerUnreachableError, StreamlbError
 
 __all__ = ["Lifecycle", "stop_live_jobs", "track"]
 
@@ -282,7 +282,11 @@ class Lifecycle:
             raise job.error
         since = job.recovery.count if job.recovery is not None else 0
         try:
+            if getattr(job.client, "status", None) == "connecting":     # the scheduler's connection broke
+                self._scheduler_gone(self.scheduler_lost())
             return self._look_once(poll_timeout, since)
+        except SchedulerUnreachableError as exc:
+            return self._unexpected(exc, since)
         except (StreamlbError, TimeoutError):
             raise
         except Exception as exc:            # the driver's own call failed: the network's or the scheduler's
@@ -343,26 +347,35 @@ class Lifecycle:
         scheduler is gone (the job with it: the error names the checkpoint to resume from),
         or it is a fault to recover from, or the job fails with it."""
         job = self.job
-        lost = self.scheduler_lost(exc)
-        if lost is not None:
-            with self.ending:
-                if job.status != "running":
-                    raise job.error or lost
-                job.status, job.error = "failed", lost
-            job._release.gone = "its scheduler was lost"
-            self._remove_uncommitted()
-            raise lost
+        self._scheduler_gone(self.scheduler_lost(exc))
         if job.recovery is not None and job.status == "running" and job.recovery.handle(exc, since=since):
             return None
         err = JobFailedError(f"job {job.id}: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         self.on_failure(err)
 
+    def _scheduler_gone(self, lost: JobFailedError | None) -> None:
+        """The scheduler was lost (``lost``: the error saying so, None: it was not): the job
+        fails with it, its staged outputs removed; nothing is asked of its instances."""
+        if lost is None:
+            return
+        job = self.job
+        with self.ending:
+            if job.status != "running":
+                raise job.error or lost
+            job.status, job.error = "failed", lost
+        job._release.gone = "its scheduler was lost"
+        self._remove_uncommitted()
+        raise lost
+
     def scheduler_lost(self, exc: BaseException | None = None) -> JobFailedError | None:
         """The error of a job whose scheduler cannot be reached any more (None while it
         can): it names the scheduler, the latest complete checkpoint and how to resume."""
         job = self.job
         client = job.client
+        deadline = time.monotonic() + 5.0      # a reconnect this quick is no loss
+        while getattr(client, "status", "closed") == "connecting" and time.monotonic() < deadline:
+            time.sleep(0.1)
         try:
             if getattr(client, "status", "closed") not in ("running", "newly-created"):
                 raise OSError(f"the client's connection is {client.status!r}")
