@@ -37,7 +37,7 @@ import threading
 import time
 
 from .. import config
-from ..exceptions import InstanceUnresponsiveError, JobFailedError, PipelineError
+from ..exceptions import InstanceUnresponsiveError, JobFailedError, PipelineError, SinkWriteError
 from ..routing import RoutingTable
 from ._faults import OWN_FAULT, FaultLog, describe, kind_of
 
@@ -110,8 +110,8 @@ class Recovery:
         recover and return True. ``since``: the recovery count when the failure was seen
         (a recovery since then already answered it)."""
         kind = kind_of(err)
-        if kind is None and isinstance(err, OWN_FAULT):
-            return False
+        if kind is None and isinstance(err, (*OWN_FAULT, SinkWriteError)):
+            return False                    # the user's, or a write that retrying cannot help: fails at once
         deadline = time.time() + self.grace
         while True:
             if since is not None and self.count > since and self.job.status == "running":
