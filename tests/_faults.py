@@ -252,7 +252,12 @@ class NetnsCluster(_Faults):
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
-        self.client.wait_for_workers(self.n, timeout=max(deadline - time.time(), 5))
+        while len(self.workers) < self.n:
+            dead = [p.args for p in self.procs if p.poll() is not None]
+            if dead or time.time() > deadline:
+                raise RuntimeError(f"{len(self.workers)} of {self.n} workers joined; exited: {dead} "
+                                   f"(set STREAMLB_CLUSTER_LOGS to a directory for their output)")
+            time.sleep(0.2)
 
     # -- what is there ----------------------------------------------------------------------
     @property

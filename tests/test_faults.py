@@ -12,10 +12,26 @@ record emitted once, each row written once).
 from __future__ import annotations
 
 import itertools
+import os
+import time
 
+import dask
+import numpy as np
+import pandas as pd
 import pytest
 
+import streamlb
 from streamlb._recovery._reach import EXACT_UP_TO, largest_linked_set
+
+from _faults import LocalFaultCluster, NetnsCluster, netns_unavailable
+from test_checkpoint import build, check_exact
+
+#: The workers' ``distributed.comm.timeouts.tcp`` (TCP_USER_TIMEOUT: how long unacknowledged
+#: data may wait before the kernel fails the connection); Dask's default is 30 s, its least 11 s.
+TCP_TIMEOUT = 12
+#: How long the partition test cuts the link: longer than the TCP timeout, as in issue 49.
+PARTITION = 35
+HEARTBEAT = 5       # s: streamlb.fault.heartbeat-timeout in the frozen worker's test
 
 
 # -- which workers a recovery keeps (a pure function; the probe is exercised below) ----------
@@ -69,3 +85,155 @@ def test_the_exact_search_finds_a_largest_set_and_the_greedy_one_a_valid_one(see
     if n <= 9:      # against every subset, by brute force here too
         best = max(len(g) for k in range(1, n + 1) for g in itertools.combinations(ws, k) if _clique(g, cut))
         assert len(kept) == best
+
+
+# -- on real processes ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    """Three workers in network namespaces of their own, or a LocalCluster where namespaces
+    cannot be made (the partition test then skips, saying why)."""
+    if netns_unavailable():
+        made = LocalFaultCluster(3)
+    else:
+        made = NetnsCluster(3, env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s"})
+    with made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Three Parquet files, 90k rows of Zipf-distributed keys; ``rid`` numbers every row."""
+    root = tmp_path_factory.mktemp("fault-data")
+    rng = np.random.default_rng(49)
+    n = 30_000
+    frames = [pd.DataFrame({"key": (rng.zipf(1.3, n) % 2_000).astype(np.int64), "value": rng.integers(0, 100, n),
+                            "rid": np.arange(n) + i * n}) for i in range(3)]
+    for i, df in enumerate(frames):
+        df.to_parquet(root / f"part-{i}.parquet")
+    return str(root), pd.concat(frames, ignore_index=True)
+
+
+def _start(cluster, data, tmp_path, rate):
+    """A checkpointed job at ``rate`` records/s, once its first checkpoint holding keys is
+    complete: the job, the input, the ``stateful_map``'s outputs and the output directory."""
+    path, frame = data
+    cluster.wait_for_workers()
+    out = str(tmp_path / "out")
+    src, outs = build(path, out, rate=rate, batch_size=1_000)
+    job = streamlb.run(src, client=cluster.client, checkpoint=str(tmp_path / "ck"), checkpoint_interval="1s")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        done = job.checkpoints()
+        if len(done) and done["keys"].iloc[-1] > 0:
+            return job, frame, outs, out
+        time.sleep(0.05)
+    job.stop()
+    pytest.fail(f"no checkpoint holding keys within 60 s: {job.status} {job.error!r}")
+
+
+def _recoveries(job) -> list[dict]:
+    return [h for h in job.history if h.get("kind") == "recovery"]
+
+
+def _first_recovery(job, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline and job.status == "running":
+        if _recoveries(job):
+            return _recoveries(job)[0]
+        time.sleep(0.05)
+    recs = _recoveries(job)
+    if recs:
+        return recs[0]
+    pytest.fail(f"no recovery within {timeout} s: status {job.status}, error {job.error!r}\n{job.failures()}")
+
+
+def _finish_exact(job, frame, outs, out) -> None:
+    """Wait for the job; exact; and nothing more is written after it ended (an instance of
+    an attempt given up, frozen or cut off meanwhile, writes nothing)."""
+    job.wait(timeout=240)
+    check_exact(job, frame, outs, out)
+    written = sorted(os.listdir(out))
+    time.sleep(2)
+    assert sorted(os.listdir(out)) == written
+    check_exact(job, frame, outs, out)
+
+
+def test_a_partition_between_two_workers_is_recovered_exactly(cluster, data, tmp_path):
+    """Issue 49, item 1: two workers that exchange records cannot reach each other for 35 s,
+    both still seen by the scheduler. The sender's connection times out (TCP timeout), the
+    job recovers from its last checkpoint on workers that reach each other, and ends exact."""
+    if not isinstance(cluster, NetnsCluster):
+        pytest.skip(f"no network namespaces here: {netns_unavailable()}")
+    job, frame, outs, out = _start(cluster, data, tmp_path, rate=3_000)
+    try:
+        sources = {w for (s, _), w in job.workers_of.items() if job.plan.stages[s].kind == "parquet_source"}
+        a = sorted(sources)[0]
+        b = sorted(set(job.workers_of.values()) - {a})[0]    # a keyed exchange sends from a to b
+        t0 = time.time()
+        cluster.partition(a, b)
+        try:
+            rec = _first_recovery(job, PARTITION)
+            on = set(job.workers_of.values())
+            time.sleep(max(PARTITION - (time.time() - t0), 0))
+        finally:
+            cluster.heal()
+        healed = time.time() - t0
+        print(f"partition {a} | {b}: recovery started {rec['started'] - t0:.1f} s after the cut "
+              f"(TCP timeout {TCP_TIMEOUT} s), resumed in {rec['time_to_resume']:.1f} s on {sorted(on)}; "
+              f"healed after {healed:.1f} s")
+        assert rec["fault"] == "peer unreachable"
+        assert "PeerUnreachableError" in rec["error"] and (a in rec["error"] or b in rec["error"])
+        assert not {a, b} <= on                 # the new instances do not span the cut
+        assert rec["started"] - t0 < TCP_TIMEOUT + 30
+        _finish_exact(job, frame, outs, out)
+        faults = job.failures()
+        assert faults["kind"].iloc[0] == "peer unreachable" and faults["action"].iloc[0] == "recovered"
+    finally:
+        job.stop()
+
+
+def test_a_frozen_worker_is_recovered_without_it(cluster, data, tmp_path):
+    """Issue 49, item 3: a worker SIGSTOPped for longer than ``streamlb.fault.heartbeat-timeout``
+    is detected, the job recovers on the others and ends exact; SIGCONTed later, the frozen
+    worker's old instances write nothing."""
+    with dask.config.set({"streamlb.fault.heartbeat-timeout": f"{HEARTBEAT}s"}):
+        job, frame, outs, out = _start(cluster, data, tmp_path, rate=6_000)
+        pid = None
+        try:
+            victim = sorted(set(job.workers_of.values()))[0]
+            t0 = time.time()
+            pid = cluster.freeze(victim)
+            rec = _first_recovery(job, HEARTBEAT + 60)
+            assert victim not in job.workers_of.values()
+            time.sleep(2)                       # the job goes on without it a while
+            cluster.thaw(pid)
+            thawed = time.time() - t0
+            print(f"frozen {victim}: recovery started {rec['started'] - t0:.1f} s after SIGSTOP (heartbeat timeout "
+                  f"{HEARTBEAT} s), resumed in {rec['time_to_resume']:.1f} s; SIGCONT after {thawed:.1f} s")
+            assert rec["fault"] == "worker unresponsive" and victim in rec["left_out"]
+            assert rec["started"] - t0 < HEARTBEAT + 30
+            _finish_exact(job, frame, outs, out)
+        finally:
+            if pid is not None:
+                cluster.thaw(pid)
+            job.stop()
+
+
+def test_two_workers_killed_at_once_are_recovered_exactly(cluster, data, tmp_path):
+    """Two of three workers SIGKILLed at the same moment: one recovery (or one more attempt if
+    the second loss is seen during it) on the worker left and those the nannies restarted."""
+    job, frame, outs, out = _start(cluster, data, tmp_path, rate=8_000)
+    try:
+        victims = sorted(set(job.workers_of.values()))[:2]
+        t0 = time.time()
+        cluster.kill(*victims)
+        rec = _first_recovery(job, 60)
+        _finish_exact(job, frame, outs, out)
+        recs = _recoveries(job)
+        lost = {w for r in recs for w in r["lost_workers"]}
+        print(f"killed {victims}: {len(recs)} recoveries, the first started {rec['started'] - t0:.1f} s after "
+              f"the kill and resumed in {rec['time_to_resume']:.1f} s; lost {sorted(lost)}")
+        assert set(victims) <= lost and not set(victims) & set(job.workers_of.values())
+        assert len(recs) <= 2 and all(r["fault"] == "worker lost" for r in recs)
+    finally:
+        job.stop()
