@@ -37,6 +37,7 @@ reader keeps those of the groups it wants).
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import re
 
@@ -45,6 +46,8 @@ import numpy as np
 from ..exceptions import CheckpointError
 from ._files import _check_bytes, _crc_of
 from ._paths import _child, _exists, _norm, _relative, _write_atomic, resolve
+
+logger = logging.getLogger("streamlb.checkpoint")
 
 __all__ = ["MANIFEST", "write_manifest", "read_manifest", "verify", "checkpoint_ids"]
 
@@ -147,14 +150,20 @@ def checkpoint_ids(url: str) -> list[int]:
     return _complete(fs, _chk_dirs(fs, root))
 
 
-def read_manifest(url: str) -> tuple[dict, str]:
+def read_manifest(url: str, check: bool = False) -> tuple[dict, str]:
     """The manifest of a checkpoint or savepoint, and the base its files are named from.
 
     Parameters
     ----------
     url : str
-        A checkpoint root (the complete checkpoint of the highest id is taken), one
-        ``chk-<id>`` directory, or a savepoint directory (holding ``_manifest.json``).
+        A checkpoint root (its newest usable checkpoint is taken), one ``chk-<id>``
+        directory, or a savepoint directory (holding ``_manifest.json``).
+    check : bool
+        Also :func:`verify` the files the manifest names (their sizes and checksums).
+
+    Under a root, a checkpoint whose manifest cannot be read or validated (truncated,
+    garbage, a key missing; with ``check``, a file missing or corrupt) is skipped with a
+    warning naming it and what is wrong, and the previous complete one is taken.
 
     Returns
     -------
@@ -165,24 +174,80 @@ def read_manifest(url: str) -> tuple[dict, str]:
     Raises
     ------
     CheckpointError
-        When ``url`` does not exist, holds no complete checkpoint, or its manifest is not
-        valid JSON or lacks ``format``, ``files`` or ``operators``.
+        When ``url`` does not exist, holds no usable checkpoint, or names one that is
+        unusable: the message lists every checkpoint found there with why each is unusable.
     """
     url = _norm(url)
     fs, root = resolve(url)
     if not _exists(fs, root):
         raise CheckpointError(f"checkpoint path {url!r} does not exist")
-    if _exists(fs, f"{root}/{MANIFEST}"):
-        where = url
-    else:
-        dirs = _chk_dirs(fs, root)
-        ids = _complete(fs, dirs)
-        if not ids:
-            raise CheckpointError(_no_checkpoint(url))
-        where = _child(url, posixpath.basename(dirs[ids[-1]]))
+    if _exists(fs, f"{root}/{MANIFEST}") or _CHK.fullmatch(posixpath.basename(root)):
+        try:
+            return _usable(url, check)
+        except CheckpointError as exc:
+            parent = _relative(url, "..")
+            raise CheckpointError(f"{exc}{_listing(parent, check, f'checkpoints under {parent}')}") from None
+    dirs = _chk_dirs(fs, root)
+    complete = False
+    for i in sorted(dirs, reverse=True):
+        where = _child(url, posixpath.basename(dirs[i]))
+        if not _exists(fs, f"{dirs[i]}/{MANIFEST}"):
+            continue                        # partial (or being written): never a candidate
+        try:
+            return _usable(where, check)
+        except CheckpointError as exc:
+            logger.warning("checkpoint %s is unusable, skipped: %s; trying the previous one (the records after "
+                           "the one taken are replayed: outputs committed since it may hold some of them twice)",
+                           where, exc)
+            complete = True
+    if complete:
+        raise CheckpointError(f"no usable checkpoint under {url}: every complete one is unusable"
+                              + _listing(url, check, "checkpoints found"))
+    raise CheckpointError(_no_checkpoint(url) + _listing(url, check, "checkpoints found"))
+
+
+def _usable(where: str, check: bool) -> tuple[dict, str]:
+    """The manifest and base of the checkpoint or savepoint at ``where`` (its files
+    verified if ``check``); a CheckpointError saying what makes it unusable."""
     wfs, wpath = resolve(where)
+    if not _exists(wfs, f"{wpath}/{MANIFEST}"):
+        raise CheckpointError(_no_checkpoint(where))
     manifest = _load_manifest(wfs, f"{wpath}/{MANIFEST}")
-    return manifest, _relative(where, str(manifest.get("base", ".")))
+    base = _relative(where, str(manifest.get("base", ".")))
+    if check:
+        try:
+            verify(base, manifest)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint {where}: {exc}") from None
+        except (AttributeError, TypeError, ValueError) as exc:      # "files" is not a {path: info} map
+            raise CheckpointError(f"checkpoint manifest {wpath}/{MANIFEST} names its files wrongly: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    return manifest, base
+
+
+def _listing(url: str, check: bool, title: str, most: int = 20) -> str:
+    """``"; <title>: chk-000003: <why unusable>; chk-000002: usable"``: the checkpoints and
+    savepoints directly under ``url``, newest first (``""`` when there are none)."""
+    fs, root = resolve(url)
+    try:
+        entries = fs.ls(root, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    found = []
+    for e in entries:
+        name = posixpath.basename(e["name"].rstrip("/"))
+        m = _CHK.fullmatch(name)
+        if e.get("type") == "directory" and (m or _exists(fs, f"{e['name'].rstrip('/')}/{MANIFEST}")):
+            found.append((int(m.group(1)) if m else -1, name))
+    lines = []
+    for _, name in sorted(found, reverse=True)[:most]:
+        try:
+            _usable(_child(url, name), check)
+            lines.append(f"{name}: usable")
+        except CheckpointError as exc:
+            lines.append(f"{name}: {exc}")
+    more = f" (and {len(found) - most} more)" if len(found) > most else ""
+    return f"; {title}{more}: " + "; ".join(lines) if lines else ""
 
 
 def _no_checkpoint(url: str) -> str:

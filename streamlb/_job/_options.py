@@ -121,14 +121,13 @@ def _resumed(checkpoint: str | None) -> tuple[dict, str] | None:
 
 
 def _restored(restore: str | None) -> tuple[dict, str] | None:
-    """The manifest and base of the checkpoint ``restore`` names, its files verified."""
+    """The manifest and base of the checkpoint ``restore`` names, its files verified (a
+    checkpoint directory: its newest usable checkpoint, see :func:`read_manifest`)."""
     if restore is None:
         return None
-    from .._checkpoint._manifest import read_manifest, verify
+    from .._checkpoint._manifest import read_manifest
 
-    manifest, base = read_manifest(restore)
-    verify(base, manifest)
-    return manifest, base
+    return read_manifest(restore, check=True)
 
 
 @dataclass(frozen=True)
