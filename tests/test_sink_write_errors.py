@@ -134,3 +134,25 @@ def test_a_full_output_directory_fails_the_job_at_once_naming_the_sink(two_worke
                                       frame[frame["rid"].isin(got["rid"])].reset_index(drop=True))
     else:
         assert not committed            # without checkpoints, output is committed when the job finishes
+
+
+def test_the_drivers_commit_on_a_read_only_disk_names_the_sink_and_keeps_the_staged_file(small_disk):
+    from types import SimpleNamespace
+
+    from streamlb._sinks._parquet import ParquetCommitter
+
+    staged = os.path.join(small_disk, "_temporary", "part-001-0000-j-c00000.parquet")
+    os.makedirs(os.path.dirname(staged))
+    pd.DataFrame({"rid": [1, 2]}).to_parquet(staged)
+    subprocess.run(["mount", "-o", "remount,ro", small_disk], check=True)
+    committer = ParquetCommitter(SimpleNamespace(parquet_paths=[small_disk]), [], "j")
+    final = os.path.join(small_disk, os.path.basename(staged))
+    with pytest.raises(SinkWriteError) as err:
+        committer.commit([[small_disk, staged]])
+    e = err.value
+    assert (e.sink, e.path, e.errno_name, e.permanent) == (f"to_parquet({small_disk!r})", final, "EROFS", True)
+    assert str(e) == f"to_parquet({small_disk!r}) could not commit {final}: EROFS: Read-only file system " \
+                     f"(retrying cannot help)"
+    assert os.path.exists(staged) and not os.path.exists(final)
+    with pytest.raises(SinkWriteError, match="EROFS"):
+        committer.finish()
