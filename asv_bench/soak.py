@@ -59,6 +59,8 @@ def parse(argv=None):
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent of the keys")
     p.add_argument("--port", type=int, default=18_493, help="scheduler port")
     p.add_argument("--work", default=None, help="landing/output/checkpoint directory (default: a temp dir)")
+    p.add_argument("--replot", action="store_true",
+                   help="no run: the summary and the PNG again from the JSON files already in --out")
     return p.parse_args(argv)
 
 
@@ -152,14 +154,21 @@ class Workers:
         self.pids: dict[str, int] = {}
         self.procs: dict[str, psutil.Process] = {}
         self.restarts: list[dict] = []
+        self.known = 0                  # workers the scheduler lists
+        self.error: str | None = None   # the last refresh that failed, and why
 
     def refresh(self, now: float) -> None:
         try:
-            pids = self.client.run(os.getpid, wait=True)
+            pids = self.client.run(os.getpid, wait=True, on_error="return")
             info = self.client.scheduler_info()["workers"]
-        except Exception:
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"[:200]
             return
+        self.known = len(info)
         for addr, pid in pids.items():
+            if not isinstance(pid, int):        # a worker that did not answer
+                self.error = f"{addr}: {type(pid).__name__}: {pid}"[:200]
+                continue
             name = str(info.get(addr, {}).get("name", addr))
             if self.pids.get(name) != pid:
                 if name in self.pids:
@@ -178,6 +187,11 @@ class Workers:
                 stale = True
         if stale or len(self.procs) < 2:
             self.refresh(now)
+        else:
+            try:
+                self.known = len(self.client.scheduler_info()["workers"])
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}"[:200]
         return out
 
 
@@ -233,6 +247,26 @@ def slope_mb_per_min(t: np.ndarray, y: np.ndarray, proc: np.ndarray) -> float | 
     return num / den * 60.0
 
 
+def rss_slopes(samples: list[dict], t: np.ndarray, keep: np.ndarray, duration: float) -> tuple[dict, dict]:
+    """RSS slope (MB/min) per worker and of the driver, over the samples ``keep`` of the run and
+    of its second half; one intercept per process and per role (holding instances of the job
+    or not: a worker a recovery gives instances to steps up once)."""
+    late = keep & (t >= duration / 2)
+    drv = np.array([s["driver_rss_mb"] for s in samples], float)
+    one = np.zeros(len(t))
+    slope = {"driver": {"run": slope_mb_per_min(t[keep], drv[keep], one[keep]),
+                        "second_half": slope_mb_per_min(t[late], drv[late], one[late])}}
+    span = {"driver": [float(np.min(drv[keep])), float(np.max(drv[keep]))] if keep.any() else None}
+    for name in sorted({n for s in samples for n in s["rss_mb"]}):
+        y = np.array([np.nan if s["rss_mb"].get(name) is None else s["rss_mb"][name] for s in samples], float)
+        seg = np.array([f"{s.get('pids', {}).get(name, -1)}:{name in (s.get('job_workers') or [])}"
+                        for s in samples])
+        slope[name] = {"run": slope_mb_per_min(t[keep], y[keep], seg[keep]),
+                       "second_half": slope_mb_per_min(t[late], y[late], seg[late])}
+        span[name] = [float(np.nanmin(y[keep])), float(np.nanmax(y[keep]))] if keep.any() else None
+    return slope, span
+
+
 def summarize(samples: list[dict], kills: list[dict], recoveries: list[dict], restarts: list[dict],
               duration: float) -> dict:
     t = np.array([s["t"] for s in samples])
@@ -247,21 +281,10 @@ def summarize(samples: list[dict], kills: list[dict], recoveries: list[dict], re
     keep = np.ones(len(t), bool)
     for a, b in holes:
         keep &= ~((t >= a) & (t <= b))
-    rss_slope, rss_range = {}, {}
-    drv = np.array([s["driver_rss_mb"] for s in samples], float)
-    rss_slope["driver"] = {"run": slope_mb_per_min(t[keep], drv[keep], np.zeros(int(keep.sum()))),
-                           "second_half": slope_mb_per_min(t[keep & (t >= duration / 2)],
-                                                           drv[keep & (t >= duration / 2)],
-                                                           np.zeros(int((keep & (t >= duration / 2)).sum())))}
-    for name in sorted({n for s in samples for n in s["rss_mb"]}):
-        y = np.array([s["rss_mb"].get(name) if s["rss_mb"].get(name) is not None else np.nan for s in samples],
-                     float)
-        proc = np.array([s.get("pids", {}).get(name, -1) for s in samples])
-        late = keep & (t >= duration / 2)
-        rss_slope[name] = {"run": slope_mb_per_min(t[keep], y[keep], proc[keep]),
-                           "second_half": slope_mb_per_min(t[late], y[late], proc[late])}
-        rss_range[name] = [float(np.nanmin(y[keep])), float(np.nanmax(y[keep]))] if keep.any() else None
+    rss_slope, rss_range = rss_slopes(samples, t, keep, duration)
     ck = np.array([s["checkpoint_bytes"] for s in samples], float)
+    ck_files = np.array([s["checkpoint_files"] for s in samples], float)
+    warm = t >= 60
     lat = np.array([np.nan if s["latency_p50_s"] is None else s["latency_p50_s"] for s in samples])
     around = []
     done = sorted(r["completed_t"] for r in recoveries)
@@ -278,14 +301,20 @@ def summarize(samples: list[dict], kills: list[dict], recoveries: list[dict], re
             after = (t >= rec[0]["completed_t"]) & (lat <= 1.5 * base)
             if after.any():
                 entry["back_within_1.5x_s"] = float(t[after][0] - rec[0]["completed_t"])
+                entry["back_within_1.5x_after_kill_s"] = float(t[after][0] - k["t"])
         around.append(entry)
     return {
         "kills": len(kills), "recoveries": len(recoveries),
         "time_to_resume_s": [r["time_to_resume"] for r in recoveries],
         "rss_slope_mb_per_min": rss_slope, "rss_mb_range": rss_range,
         "checkpoint_bytes_min_max": [float(np.min(ck)), float(np.max(ck))] if len(ck) else None,
-        "checkpoint_bytes_first_last_minute": [float(np.median(ck[t < 60])) if (t < 60).any() else None,
-                                               float(np.median(ck[t > t[-1] - 60])) if len(t) else None],
+        "checkpoint_bytes_min_max_after_1min": [float(np.min(ck[warm])), float(np.max(ck[warm]))]
+        if warm.any() else None,
+        "checkpoint_files_min_max_after_1min": [float(np.min(ck_files[warm])), float(np.max(ck_files[warm]))]
+        if warm.any() else None,
+        "checkpoint_bytes_median_second_and_last_minute": [
+            float(np.median(ck[(t >= 60) & (t < 120)])) if ((t >= 60) & (t < 120)).any() else None,
+            float(np.median(ck[t > t[-1] - 60])) if len(t) else None],
         "latency_p50_s_median": float(np.nanmedian(lat)) if np.isfinite(lat).any() else None,
         "around_kills": around,
     }
@@ -401,7 +430,7 @@ def report(args, job, samples, kills, restarts, end: dict, duration: float, t0: 
         checkpoints = None
     summary.update({"args": vars(args), **end, "job_status": job.status,
                     "job_error": None if job.error is None else repr(job.error),
-                    "failures": job.failures(), "restarts_seen": restarts,
+                    "failures": failures(job), "restarts_seen": restarts,
                     "recoveries_detail": recoveries, "kill_times": kills,
                     "machine": {"cpus": os.cpu_count(), "load_average_end": os.getloadavg()},
                     "checkpoints_complete": checkpoints})
@@ -419,6 +448,29 @@ def report(args, job, samples, kills, restarts, end: dict, duration: float, t0: 
     log(t0, "summary: " + json.dumps({k: summary.get(k) for k in brief}, default=str))
 
 
+def failures(job):
+    """``job.failures()`` as JSON can hold it (a count, or a frame of the failures)."""
+    f = job.failures()
+    return f.to_dict("records") if isinstance(f, pd.DataFrame) else f
+
+
+def replot(out: str) -> int:
+    """soak-summary.json and soak.png again from soak-samples.json (and the run's summary)."""
+    with open(os.path.join(out, "soak-samples.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(out, "soak-summary.json")) as f:
+        old = json.load(f)
+    a = old["args"]
+    summary = {**old, **summarize(run["samples"], run["kills"], run["recoveries"], old["restarts_seen"],
+                                  a["minutes"] * 60.0)}
+    with open(os.path.join(out, "soak-summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    plot(run["samples"], run["kills"], run["recoveries"], os.path.join(out, "soak.png"),
+         f"soak: {a['minutes']:g} min, {a['rate']} rows/s, a worker SIGKILLed every {a['kill_every']:g} s; "
+         f"exact={old.get('check', {}).get('exact')}")
+    return 0
+
+
 def setup_logging(path: str) -> None:
     h = logging.FileHandler(path)
     h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -430,6 +482,8 @@ def setup_logging(path: str) -> None:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.replot:
+        return replot(args.out)
     os.makedirs(args.out, exist_ok=True)
     sys.path.insert(0, REPO)        # this checkout's streamlb, in the driver and in the worker processes
     os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -496,7 +550,9 @@ def main(argv=None) -> int:
                  "committed_per_s": committed / max(1e-3, now - samples[-1]["t"]) if samples else 0.0,
                  "written_per_s": (written - last_written) / max(1e-3, now - samples[-1]["t"]) if samples else 0.0,
                  "written": written, "committed": output.rows, "status": job.status,
-                 "metrics_p50_s": None, "job_workers": job_workers(job, client)}
+                 "metrics_p50_s": None, "job_workers": job_workers(job, client),
+                 "scheduler_workers": workers.known, "refresh_error": workers.error}
+            workers.error = None
             last_written = written
             if now >= next_metrics:
                 next_metrics = now + 5.0
