@@ -156,3 +156,53 @@ def test_the_drivers_commit_on_a_read_only_disk_names_the_sink_and_keeps_the_sta
     assert os.path.exists(staged) and not os.path.exists(final)
     with pytest.raises(SinkWriteError, match="EROFS"):
         committer.finish()
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """A directory whose entries ``chattr +i`` freezes when asked (its subdirectories stay
+    writable): a commit into it fails with EPERM while the instances write on."""
+    out = tmp_path / "out"
+    out.mkdir()
+    probe = subprocess.run(["chattr", "+i", str(out)], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"chattr +i is not permitted here: {probe.stderr.strip()}")
+    subprocess.run(["chattr", "-i", str(out)], check=True)
+    try:
+        yield str(out)
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], capture_output=True)
+
+
+def test_a_commit_that_fails_leaves_its_files_for_the_run_that_resumes(two_workers, data, immutable, tmp_path):
+    path, frame = data
+    ck = str(tmp_path / "ck")
+
+    def pipeline():
+        src = Stream.from_parquet(path, batch_size=10_000, rate=100_000)
+        src.rebalance(parallelism=2).map(ident).to_parquet(immutable)
+        return src
+
+    job = streamlb.run(pipeline(), client=two_workers, checkpoint=ck, checkpoint_interval=0.3)
+    try:
+        deadline = time.time() + 60
+        while not [f for f in os.listdir(immutable) if f.endswith(".parquet")] and time.time() < deadline:
+            time.sleep(0.02)
+        subprocess.run(["chattr", "+i", immutable], check=True)   # the next commit cannot move a file in
+        with pytest.raises(SinkWriteError) as err:
+            job.wait(timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", immutable], check=True)
+        job.stop()
+    e = err.value
+    assert (e.errno_name, e.permanent, e.sink) == ("EPERM", True, f"to_parquet({immutable!r})")
+    assert str(e).startswith(f"to_parquet({immutable!r}) could not commit {immutable}/part-") and \
+        "EPERM: Operation not permitted" in str(e)
+    assert job.status == "failed" and os.listdir(os.path.join(immutable, "_temporary"))   # left for a resume
+    # the run that resumes the checkpoint moves them in: every record once
+    job = streamlb.run(pipeline(), client=two_workers, checkpoint=ck, checkpoint_interval=0.3)
+    job.wait(timeout=120)
+    job.stop()
+    got = pd.read_parquet(immutable)
+    assert got["rid"].is_unique and len(got) == len(frame)
+    pd.testing.assert_frame_equal(got.sort_values("rid").reset_index(drop=True), frame)

@@ -263,8 +263,8 @@ class Lifecycle:
                     bar.refresh()
                 if rows and all(r["status"] == "done" for r in rows):
                     break
-                if any(r["status"] == "stopped" for r in rows):
-                    raise JobFailedError(f"job {job.id} was stopped before it finished")
+                if any(r["status"] == "stopped" for r in rows):   # failed by another thread: its error
+                    raise job.error or JobFailedError(f"job {job.id} was stopped before it finished")
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"job {job.id} still running after {timeout}s")
                 self._settle([r["key"] for r in rows if r["status"] in ("ready", "running")], interval)

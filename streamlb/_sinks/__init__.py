@@ -15,6 +15,7 @@ driver finishes what it stages). The worker drives every writer of an instance a
 """
 from __future__ import annotations
 
+from ..exceptions import SinkWriteError
 from ._base import Committer, SinkContext, SinkWriter, merge
 from ._dead import DeadCommitter, DeadLetters
 from ._kafka import KafkaCommitter
@@ -60,10 +61,23 @@ class Committers:
         self.all = [cls(plan, dead, job) for cls in COMMITTERS]
 
     def commit(self, outputs: dict) -> None:
-        """An instance's sealed outputs of a complete checkpoint (or of one that finished)."""
+        """An instance's sealed outputs of a complete checkpoint (or of one that finished).
+        A sink that cannot commit its part (a :class:`~streamlb.exceptions.SinkWriteError`,
+        raised once every sink had its turn) leaves in ``outputs`` what it could not commit,
+        and ``outputs`` holds nothing more of the others: committed again, nothing is twice."""
+        done, first = [], None
         for c in self.all:
             if c.segment is not None and outputs.get(c.segment):
-                c.commit(outputs[c.segment])
+                try:
+                    c.commit(outputs[c.segment])
+                except SinkWriteError as exc:
+                    first = first or exc
+                    continue
+                done.append(c.segment)
+        if first is not None:
+            for key in done:
+                outputs[key] = None
+            raise first
 
     def sealed(self, segments: list[dict], keep, cid: int) -> dict:
         """What checkpoint ``cid``'s manifest records (its ``outputs``) of ``segments``, the

@@ -23,7 +23,7 @@ import shutil
 
 import pandas as pd
 
-from ..exceptions import PipelineError
+from ..exceptions import PipelineError, SinkWriteError
 from ._base import Committer, SinkWriter
 from ._errors import write_error
 
@@ -146,11 +146,31 @@ class ParquetCommitter(Committer):
     name = "parquet"
     segment = "files"
 
+    def __init__(self, plan, dead: list, job: str = "") -> None:
+        super().__init__(plan, dead, job)
+        # staged files of a complete checkpoint that could not be moved: a recovery or a
+        # failure leaves them staged, for whoever resumes the checkpoint to move
+        self.unmoved: set[str] = set()
+
     def commit(self, part) -> None:
-        """Files (``[path, file]``) of a complete checkpoint: into their dataset."""
+        """Files (``[path, file]``) of a complete checkpoint: into their dataset. Those that
+        cannot be (a :class:`~streamlb.exceptions.SinkWriteError`, raised once all were
+        tried) are left in ``part`` and staged, to be tried again."""
+        failed, first = [], None
         for path, fn in part or ():
-            if os.path.exists(fn):
+            if not os.path.exists(fn):
+                continue
+            try:
                 _move(path, fn, os.path.join(path, os.path.basename(fn)))
+            except SinkWriteError as exc:
+                failed.append([path, fn])
+                first = first or exc
+                self.unmoved.add(fn)
+                continue
+            self.unmoved.discard(fn)
+        if first is not None:
+            part[:] = failed
+            raise first
 
     def sealed(self, part, keep, cid: int) -> list[list[str]]:
         """``[staged file, final name]`` of each file of ``part``."""
@@ -165,6 +185,7 @@ class ParquetCommitter(Committer):
             elif not os.path.exists(final):
                 logger.warning("to_parquet: %s, sealed by the checkpoint resumed, is neither staged nor "
                                "committed (removed by hand?): its rows are not in the output", final)
+        self.unmoved.clear()            # what a failed commit left is the checkpoint's: moved now
         self.discard()
 
     def finish(self) -> None:
@@ -194,15 +215,29 @@ class ParquetCommitter(Committer):
         return not _STAGED.search(fn) or (bool(self.job) and f"-{self.job}-c" in fn)
 
     def discard(self) -> None:
+        """Remove what is staged, but a complete checkpoint's files that could not be moved."""
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
             if os.path.isdir(tmp):
                 for fn in os.listdir(tmp):
+                    if os.path.join(tmp, fn) in self.unmoved:
+                        continue
                     try:
                         os.remove(os.path.join(tmp, fn))
                     except OSError:
                         pass
 
     def abort(self) -> None:
+        """Remove ``_temporary``, but a complete checkpoint's files that could not be moved
+        (the run that resumes it moves them)."""
+        if self.unmoved:
+            self.discard()
         for path in self.plan.parquet_paths:
-            shutil.rmtree(os.path.join(path, "_temporary"), ignore_errors=True)
+            tmp = os.path.join(path, "_temporary")
+            if not self.unmoved:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                try:
+                    os.rmdir(tmp)
+                except OSError:         # the files left for a resume
+                    pass
