@@ -406,13 +406,16 @@ class Checkpointer:
             self.staged = [s for s in self.staged if not any(s is r for r in ready)]
         ready.sort(key=lambda s: (s["label"] is None, s["label"] or 0))
         outputs = self.job._results.outputs
-        for i, s in enumerate(ready):
+        first = None
+        for s in ready:                 # each is tried: a sink keeps what it could not move, to be resumed
             try:
                 outputs.commit(s)
-            except Exception:           # e.g. a SinkWriteError: what is not committed stays staged
+            except SinkWriteError as exc:   # what was not committed stays staged (``s`` holds only that)
                 with self._outputs:
-                    self.staged[:0] = ready[i:]
-                raise
+                    self.staged.append(s)
+                first = first or exc
+        if first is not None:
+            raise first
 
     def collect_late(self, wait: bool = False) -> None:
         """Outputs of instances that acknowledged a checkpoint after it was given up: staged
