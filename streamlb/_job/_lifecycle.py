@@ -477,8 +477,11 @@ class Lifecycle:
         with self.finishing:
             if job.status == "done":        # another wait (a drain's, the user's) committed it
                 return
-            job._checkpoints.finish()
-            job._results.outputs.finish()   # what no checkpoint committed (all, without checkpoints)
+            try:
+                job._checkpoints.finish()
+                job._results.outputs.finish()   # what no checkpoint committed (all, without checkpoints)
+            except StreamlbError as exc:    # a final commit that failed (SinkWriteError): the job failed
+                self.on_failure(exc)
             job.status = "done"
         if job.autoscaler is not None:
             job.autoscaler.stop()
