@@ -223,7 +223,7 @@ class Checkpointer:
         for f in asked:
             if isinstance(f, Exception):
                 raise f
-            f.result(timeout=self.timeout)
+            self._answer(f)
         acks, errors = self._await_acks(cid, full, target, actors, stages)
         for ack in acks.values():
             if ack.get("segment"):
@@ -308,8 +308,10 @@ class Checkpointer:
             lost = failed           # an instance failed (e.g. its sink's disk is full): this one cannot complete
             if job.recovery is not None and time.time() > look:
                 look = time.time() + 0.25
-                gone, silent = job.recovery.faulty()      # lost, or frozen: this one cannot complete
-                lost = lost or bool(gone or silent)
+                # lost, frozen, or an instance failed (e.g. it could not send across a
+                # partition, after it acknowledged): this one cannot complete, and the
+                # recovery that answers the fault waits for the topology lock it holds
+                lost = lost or self._fault() is not None or self._an_instance_failed()
             if time.time() > deadline or lost:
                 for k in pending:       # a worker died or froze, or an instance is stuck: give this one up
                     errors.append(f"{stages[k[0]].name}[{k[1]}]: no acknowledgement "
@@ -318,6 +320,45 @@ class Checkpointer:
                 break
             time.sleep(0.005)
         return acks, errors
+
+    def _fault(self) -> str | None:
+        """What keeps a checkpoint from completing on the workers: a worker of the job lost
+        or silent past ``streamlb.fault.heartbeat-timeout`` (None: neither)."""
+        if self.job.recovery is None:
+            return None
+        gone, silent = self.job.recovery.faulty()
+        if gone:
+            return f"worker {', '.join(gone)} lost"
+        if silent:
+            return f"worker {', '.join(silent)} silent for {max(silent.values()):.1f} s"
+        return None
+
+    def _an_instance_failed(self) -> bool:
+        """Whether an instance of the job has failed: its failure is a fault the recovery
+        answers once the checkpoint lets go of the topology lock (the watcher, which would
+        see it, polls under that lock)."""
+        try:
+            rows = self.job._lifecycle.poll(timeout=1.0)
+        except Exception:               # a slow or silent instance: _fault() tells
+            return False
+        return any(r["status"] == "failed" for r in rows)
+
+    def _answer(self, f) -> None:
+        """Wait for a source's answer to the barrier, ``checkpoint.timeout`` at most; give up
+        at once when a worker of the job is lost or silent (a frozen one never answers)."""
+        deadline = time.time() + self.timeout
+        look = time.time() + 0.25
+        while not f.done():
+            if time.time() > look:
+                look = time.time() + 0.25
+                fault = self._fault()
+                if fault is not None:
+                    raise CheckpointError(f"a source was asked for checkpoint {self.in_progress}, but {fault}")
+            if time.time() > deadline:
+                raise CheckpointError(f"a source did not answer checkpoint {self.in_progress}'s barrier "
+                                      f"within {self.timeout:g} s")
+            time.sleep(0.005)
+        f.result()
 
     def _stuck(self, actor, cid: int) -> str:
         """What an instance that did not acknowledge says of checkpoint ``cid`` (for the log)."""
