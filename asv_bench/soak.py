@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 import pandas as pd
@@ -59,6 +60,8 @@ def parse(argv=None):
     p.add_argument("--skew", type=float, default=1.2, help="Zipf exponent of the keys")
     p.add_argument("--port", type=int, default=18_493, help="scheduler port")
     p.add_argument("--work", default=None, help="landing/output/checkpoint directory (default: a temp dir)")
+    p.add_argument("--trace-driver", action="store_true",
+                   help="tracemalloc in the driver: what grew from the first minute to the end, in the summary")
     p.add_argument("--replot", action="store_true",
                    help="no run: the summary and the PNG again from the JSON files already in --out")
     return p.parse_args(argv)
@@ -448,6 +451,16 @@ def report(args, job, samples, kills, restarts, end: dict, duration: float, t0: 
     log(t0, "summary: " + json.dumps({k: summary.get(k) for k in brief}, default=str))
 
 
+def driver_growth(first) -> list[str]:
+    """The 15 places whose allocations in the driver grew most since the snapshot ``first``."""
+    diff = tracemalloc.take_snapshot().compare_to(first, "traceback")
+    out = []
+    for d in diff[:15]:
+        frames = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in d.traceback[:6]]
+        out.append(f"{d.size_diff / 2**20:+.2f} MiB in {d.count_diff:+d} blocks at " + " < ".join(frames))
+    return out
+
+
 def failures(job):
     """``job.failures()`` as JSON can hold it (a count, or a frame of the failures)."""
     f = job.failures()
@@ -526,6 +539,9 @@ def main(argv=None) -> int:
         output = Output(os.path.join(out, "rows"))
         proc = psutil.Process()
         last_written, last_metrics_ws, next_metrics, last_latency = 0, 0.0, 5.0, float("nan")
+        traced = None
+        if args.trace_driver:
+            tracemalloc.start(8)
         tick = t0
         while True:
             now = time.time() - t0
@@ -554,6 +570,8 @@ def main(argv=None) -> int:
                  "scheduler_workers": workers.known, "refresh_error": workers.error}
             workers.error = None
             last_written = written
+            if args.trace_driver and traced is None and now >= 60:
+                traced = tracemalloc.take_snapshot()
             if now >= next_metrics:
                 next_metrics = now + 5.0
                 try:
@@ -569,7 +587,7 @@ def main(argv=None) -> int:
                 progress(t0, s, last_latency)
             tick += 1.0
             time.sleep(max(0.0, tick - time.time()))
-        end = {}
+        end = {"driver_growth": driver_growth(traced)} if traced is not None else {}
         try:
             end = finish(job, writer, landing, os.path.join(out, "rows"), t0)
         except Exception as exc:        # still write what was sampled
