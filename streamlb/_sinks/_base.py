@@ -71,8 +71,11 @@ class SinkWriter(ABC):
         to it, for the driver to commit once it completes (None: nothing)."""
         return None
 
-    def completed(self, cid: int) -> None:
-        """Checkpoint ``cid`` is complete: commit what the writer holds for it."""
+    def completed(self, cid: int):
+        """Checkpoint ``cid`` is complete: commit what the writer holds for it. A writer
+        whose commit waits for a broker may do it in a thread of its own and return its
+        ``concurrent.futures.Future`` (the instance awaits it; its exception fails the
+        instance); None: done."""
 
     def commit_all(self) -> None:
         """The job finished: commit everything the writer still holds."""

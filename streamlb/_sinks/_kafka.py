@@ -47,15 +47,18 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..exceptions import PipelineError
+from ..exceptions import PipelineError, SinkWriteError
 from ._base import Committer, SinkWriter
+from ._kafka_calls import GRACE, Stuck, bounded, left
 
 logger = logging.getLogger("streamlb.sinks.kafka")
 
 SLOTS = 4               # producers per instance: one taking rows, the others awaiting commit
 COMMIT_EVERY = 1.0      # s between commits without checkpoints
-TIMEOUT = 30.0          # s for the broker's answers (init, commit, abort, flush)
-RETRIES = 5             # rewrites of a transaction the broker may have lost
+TIMEOUT = 30.0          # s for the broker's answers to the driver (a resume's fencing and commits)
+CALL = 5.0              # s for one broker call of a writer (init, mark, commit, flush, abort)
+DEADLINE = 20.0         # s for a writer's commit of a checkpoint's transactions, rewrites included
+SEAL_FLUSH = 3.0        # s a barrier waits for the transaction it seals to be flushed
 FINAL = 2 ** 62         # the pending "checkpoint" of rows after an instance's last barrier
 KILL_BEFORE_COMMIT = "STREAMLB_TEST_KILL_BEFORE_KAFKA_COMMIT"     # the test hook (module docstring)
 
@@ -91,22 +94,26 @@ def connection(config: dict) -> dict:
     return {k: v for k, v in config.items() if k.startswith(keep)}
 
 
-def send_mark(producer, topic: str, mark: int, group) -> None:
+def send_mark(producer, topic: str, mark: int, group, timeout: float = TIMEOUT) -> None:
     """Add ``mark`` to ``producer``'s open transaction: the committed offset of ``topic``'s
     partition 0 for consumer group ``group`` (its metadata), visible once it commits."""
     from confluent_kafka import TopicPartition
 
-    producer.send_offsets_to_transaction([TopicPartition(topic, 0, mark)], group, TIMEOUT)
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, mark)], group, timeout)
 
 
-def produce(p, topic: str, values: list, keys: list) -> None:
-    """Messages (``values`` with ``keys``) to ``topic`` through producer ``p``."""
+def produce(p, topic: str, values: list, keys: list, patience: float | None = None) -> None:
+    """Messages (``values`` with ``keys``) to ``topic`` through producer ``p``; a full local
+    queue is waited for (``patience``: for at most that many s in all, then BufferError)."""
+    until = None if patience is None else time.monotonic() + patience
     for v, k in zip(values, keys):
         while True:
             try:
                 p.produce(topic, v, k)
                 break
             except BufferError:         # the local queue is full: let it drain
+                if until is not None and time.monotonic() > until:
+                    raise
                 p.poll(0.05)
     p.poll(0)
 
@@ -138,7 +145,16 @@ class KafkaWriter(SinkWriter):
     producer lost its broker connection, or had a fatal error (a broker that restarted and
     forgot the producer's sequence numbers), is suspect: before it would commit, a new
     producer with the same transactional id fences it (its ``init_transactions`` aborts
-    it) and writes its messages again in a new transaction.
+    it) and writes its messages again in a new transaction. A producer whose call does not
+    return within its bound (:mod:`._kafka_calls`) is given up the same way.
+
+    With checkpoints, a complete checkpoint's transactions commit in the writer's commit
+    thread, one checkpoint after another (:meth:`completed` returns the future the instance
+    awaits), so the worker's event loop goes on meanwhile. A commit takes at most
+    :data:`DEADLINE` s, rewrites and retries included; one that cannot be done by then
+    raises a :class:`~streamlb.exceptions.SinkWriteError` (not permanent: the job recovers
+    from its last complete checkpoint, whose transactions the resume commits), and the
+    writer commits nothing after it (the marks must commit in order).
     """
 
     kind = "kafka_sink"
@@ -147,17 +163,24 @@ class KafkaWriter(SinkWriter):
     def __init__(self, step, ctx) -> None:
         super().__init__(step, ctx)
         self.opts = step.kwargs        # topic, producer_config, key, encode
-        self.where = f"to_kafka_topic({self.opts['topic']!r})"
+        self.where = f"to_kafka_topic({self.opts['topic']!r}) in {ctx.operator}[{ctx.index}]"
         self._base = {"linger.ms": 5, **self.opts["producer_config"]}
         # transactional ids: job, stage, instance, sink, slot (the same for a replacement)
         self._prefix = f"streamlb-{ctx.job}-{ctx.stage_id}-{ctx.index}-k{step.target}"
         self.kept: list[list] = [[] for _ in range(SLOTS)]      # per slot: (values, keys) written
         self.suspect: set[int] = set()      # slots whose producer lost its connection in a transaction
         self.producers: list = [None] * SLOTS
+        self.fresh: set[int] = set()        # slots whose producer's init_transactions has not completed
+        self.given_up: list = []            # producers with a call still running: kept, never destroyed
         self.current: int | None = None      # slot with an open transaction taking rows
         self.began = 0.0
         self.pending: dict[int, list[int]] = {}   # checkpoint id -> slots flushed, to commit
+        self.busy: set[int] = set()         # slots whose commit runs in the commit thread
+        self.broken: SinkWriteError | None = None     # a commit that failed: none after it
+        self._pool = None                   # the commit thread
+        self._work = None                   # the last commit handed to it (a Future)
         self._group = None                  # the consumer group metadata the marks are committed for
+        self._marks = None                  # a consumer of that group: reads the committed mark
 
     def _checkpointed(self) -> bool:
         return self.ctx.staged
@@ -166,19 +189,46 @@ class KafkaWriter(SinkWriter):
         """The producers, opened when the instance starts: their ``init_transactions``
         aborts what a lost instance with the same ids left open (a replacement does so even
         if it writes nothing; one that moves is stopped by then)."""
-        if self.producers[0] is None:
+        from confluent_kafka import KafkaException
+
+        if any(p is None for p in self.producers):
+            deadline = time.monotonic() + DEADLINE
             for slot in range(SLOTS):
-                self._renew(slot)
+                if self.producers[slot] is None:
+                    try:
+                        self._renew(slot, deadline, DEADLINE)
+                    except (KafkaException, Stuck) as e:
+                        raise self._error(f"could not start its transactional producers within {DEADLINE:g} s "
+                                          f"({_reason(e)})", broken=False) from e
 
-    def _renew(self, slot: int) -> None:
-        """A new producer for ``slot``; its ``init_transactions`` fences the one before (and
-        aborts what an earlier holder of the id left open)."""
-        from confluent_kafka import Producer
+    def _renew(self, slot: int, deadline: float, cap: float | None = None) -> None:
+        """A new producer for ``slot`` (or the last one, if its ``init_transactions`` only
+        timed out); its ``init_transactions`` fences the one before (and aborts what an
+        earlier holder of the id left open)."""
+        from confluent_kafka import KafkaException, Producer
 
-        p = Producer({**self._base, "transactional.id": f"{self._prefix}-s{slot}",
-                      "error_cb": self._on_error(slot, self._base.get("error_cb"))})
-        p.init_transactions(TIMEOUT)
-        self.producers[slot] = p
+        if slot not in self.fresh:
+            self.producers[slot] = Producer({**self._base, "transactional.id": f"{self._prefix}-s{slot}",
+                                             "error_cb": self._on_error(slot, self._base.get("error_cb"))})
+            self.fresh.add(slot)
+        try:
+            bounded("init_transactions", left(deadline, cap or CALL), self.producers[slot].init_transactions)
+        except Stuck:
+            self._give_up(slot)
+            raise
+        except KafkaException as e:
+            if not (e.args and e.args[0].retriable()):      # a timeout is retried by the same producer
+                self.fresh.discard(slot)
+            raise
+        self.fresh.discard(slot)
+
+    def _give_up(self, slot: int) -> None:
+        """Slot's producer has a call that did not return: it is kept (a thread still uses
+        it), its transaction suspect; the next one fences it."""
+        if not any(p is self.producers[slot] for p in self.given_up):
+            self.given_up.append(self.producers[slot])
+        self.fresh.discard(slot)
+        self.suspect.add(slot)
 
     def _on_error(self, slot: int, user_cb):
         from confluent_kafka import KafkaError
@@ -208,18 +258,23 @@ class KafkaWriter(SinkWriter):
         self._send(values, keys)
 
     def _send(self, values: list, keys: list) -> None:
+        """Rows to the open transaction. A suspect one only keeps them: its commit writes
+        them all again (so a write never waits for a broker that is away)."""
         from confluent_kafka import KafkaException
 
         p = self._open()
-        self.kept[self.current].append((values, keys))
-        try:
-            self._produce(p, values, keys)
-        except KafkaException as e:
-            if not self._failed(self.current, e):
-                raise
-            self._redo(self.current, f"its producer failed ({e.args[0].str()})")
+        slot = self.current
+        self.kept[slot].append((values, keys))
+        if slot not in self.suspect:
+            try:
+                produce(p, self.opts["topic"], values, keys, patience=CALL)
+            except BufferError:             # the broker is away: the queue did not drain
+                self.suspect.add(slot)
+            except KafkaException as e:
+                if not self._failed(slot, e):
+                    raise
         if not self._checkpointed() and time.monotonic() - self.began > COMMIT_EVERY:
-            self._commit(self.current)
+            self._commit(slot)
             self.current = None
 
     def _failed(self, slot: int, e: Exception) -> bool:
@@ -232,22 +287,30 @@ class KafkaWriter(SinkWriter):
             return True
         return False
 
-    def _produce(self, p, values: list, keys: list) -> None:
-        produce(p, self.opts["topic"], values, keys)
+    def _free(self) -> list[int]:
+        taken = {s for slots in self.pending.values() for s in slots} | self.busy
+        return [s for s in range(SLOTS) if s not in taken]
 
     def _open(self):
+        from confluent_kafka import KafkaException
+
         if self.current is None:
-            busy = {s for slots in self.pending.values() for s in slots}
-            free = [s for s in range(SLOTS) if s not in busy]
+            free = self._free()
             if not free:        # checkpoints complete slower than they are taken
-                oldest = min(self.pending)
-                logger.warning("%s: %d checkpoints await completion; committing checkpoint %d's rows early",
-                               self.where, len(self.pending), oldest)
-                for s in self.pending.pop(oldest):
-                    self._commit(s, _mark(oldest))
-                free = [s for s in range(SLOTS) if s not in {x for v in self.pending.values() for x in v}]
+                if self.pending:
+                    oldest = min(self.pending)
+                    logger.warning("%s: %d checkpoints await completion; committing checkpoint %d's rows early",
+                                   self.where, len(self.pending), oldest)
+                    self._submit([(s, _mark(oldest)) for s in self.pending.pop(oldest)])
+                self._wait()            # the commits under way end (each within DEADLINE)
+                free = self._free()
             self.current = free[0]
-            self._begin(self.current)
+            try:
+                self._begin(self.current)
+            except KafkaException as e:     # it failed since its last commit: the rows wait for a rewrite
+                logger.warning("%s: could not begin a transaction (%s): its rows are written at its commit",
+                               self.where, _reason(e))
+                self.suspect.add(self.current)
             self.began = time.monotonic()
         return self.producers[self.current]
 
@@ -256,64 +319,132 @@ class KafkaWriter(SinkWriter):
         self.suspect.discard(slot)
         self.producers[slot].begin_transaction()
 
-    def _commit(self, slot: int, mark: int | None = None) -> None:
+    def _submit(self, commits: list[tuple[int, int | None]]):
+        """Commit ``(slot, mark)`` pairs, in order, in the commit thread; its future."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="streamlb-kafka-commit")
+        self.busy.update(s for s, _ in commits)
+        self._work = self._pool.submit(self._commit_each, commits)
+        return self._work
+
+    def _commit_each(self, commits: list[tuple[int, int | None]]) -> None:
+        deadline = time.monotonic() + DEADLINE
+        try:
+            for slot, mark in commits:
+                self._commit(slot, mark, deadline)
+        finally:
+            self.busy.difference_update(s for s, _ in commits)
+
+    def _wait(self) -> None:
+        """Until the commit thread has done what it was given (raises what its last commit
+        raised)."""
+        if self._work is not None:
+            self._work.result(DEADLINE + 2 * GRACE + 5)
+
+    def _commit(self, slot: int, mark: int | None = None, deadline: float | None = None) -> None:
         """Commit slot's transaction (with ``mark``, the id of the checkpoint that sealed it,
-        when the job checkpoints: see the module docstring); a suspect one (or one the
-        broker refuses as abortable) is aborted and written again first, up to ``RETRIES``
-        times."""
+        when the job checkpoints: see the module docstring) by ``deadline`` (a
+        ``time.monotonic()``; :data:`DEADLINE` s from now if None). A suspect one (or one
+        the broker refuses as abortable, or whose producer is stuck) is fenced and written
+        again first; a commit that may have gone through before it was fenced is not written
+        again if its mark is there. Raises a SinkWriteError if it is not done by then."""
         from confluent_kafka import KafkaException
 
-        marked = mark is None or not self._checkpointed()
-        for attempt in range(RETRIES + 1):
-            p = self.producers[slot]         # (a new one after a rewrite)
-            p.poll(0)                        # runs the error callbacks: is it suspect?
+        if self.broken is not None:
+            raise self.broken
+        deadline = time.monotonic() + DEADLINE if deadline is None else deadline
+        marks = mark is not None and self._checkpointed()
+        marked, tried = not marks, False        # tried: a commit was asked of this producer
+        why, attempt = "", 0
+        while True:
             try:
-                if slot not in self.suspect:
-                    if not marked:
-                        send_mark(p, self.opts["topic"], mark, self._group_metadata())
-                        marked = True
-                    p.commit_transaction(TIMEOUT)
-                    self.kept[slot] = []
-                    return
-                why = "its producer lost the broker connection during the transaction"
+                self.producers[slot].poll(0)       # runs the error callbacks: is it suspect?
+                if slot in self.suspect:
+                    why = why or "its producer lost the broker connection during the transaction"
+                    if self._redo(slot, why, deadline, mark if marks and tried else None):
+                        break
+                    marked, tried = not marks, False       # a new transaction: its mark too
+                p = self.producers[slot]
+                if not marked:
+                    bounded("send_offsets_to_transaction", left(deadline, CALL), send_mark, p, self.opts["topic"],
+                            mark, self._group_metadata())
+                    marked = True
+                tried = True
+                bounded("commit_transaction", left(deadline, CALL), p.commit_transaction)
+                break
+            except Stuck as e:
+                why = f"its producer is stuck: {e}"
+                self._give_up(slot)
+            except BufferError:
+                why = "its local queue did not drain"
+                self.suspect.add(slot)
             except KafkaException as e:
                 err = e.args[0] if e.args else None
-                if err is None or attempt == RETRIES or not (err.txn_requires_abort() or err.retriable()
-                                                             or err.fatal()):
-                    raise
-                if err.retriable() and not err.txn_requires_abort():
-                    continue                 # the commit itself is retried
-                why = f"the broker refused its commit ({err.str()})"
-            if attempt == RETRIES:
-                break
-            if attempt:
-                time.sleep(0.5 * 2 ** (attempt - 1))      # the broker may still be on its way back
-            self._redo(slot, why)
-            marked = mark is None or not self._checkpointed()     # a new transaction: its mark too
-        n = sum(len(v) for v, _ in self.kept[slot])
-        raise PipelineError(f"{self.where}: could not commit a transaction of {n} "
-                            f"messages after {RETRIES} retries ({why}); bootstrap.servers="
-                            f"{self.opts['producer_config'].get('bootstrap.servers')!r}")
+                why = _reason(e)
+                if err is None or not (err.retriable() or err.txn_requires_abort() or err.fatal()):
+                    raise self._error(f"could not commit a transaction of {self._count(slot)} messages: {why}") from e
+                if err.txn_requires_abort() or err.fatal() or (marks and attempt >= 2):
+                    self.suspect.add(slot)      # aborted and written again
+            attempt += 1
+            wait = min(0.1 * 2 ** attempt, 1.0)
+            if time.monotonic() + wait + 0.5 >= deadline:
+                raise self._error(f"could not commit a transaction of {self._count(slot)} messages within "
+                                  f"{DEADLINE:g} s ({attempt} attempts): {why}")
+            time.sleep(wait)            # the broker may still be on its way back
+        self.kept[slot] = []
 
-    def _redo(self, slot: int, why: str) -> None:
+    def _count(self, slot: int) -> int:
+        return sum(len(v) for v, _ in self.kept[slot])
+
+    def _redo(self, slot: int, why: str, deadline: float, check: int | None) -> bool:
         """Write slot's kept messages again in a new transaction, of a new producer: its
         ``init_transactions`` aborts the suspect one (a producer after a fatal error could
-        not go on anyway)."""
-        from confluent_kafka import KafkaException
-
-        n = sum(len(v) for v, _ in self.kept[slot])
-        logger.warning("%s: writing a transaction of %d messages again: %s", self.where, n, why)
+        not go on anyway). ``check``: the mark of a transaction whose commit was asked, so
+        may have gone through: if the writer's committed mark has reached it since the old
+        producer was fenced, it did, and nothing is written again (returns True)."""
+        logger.warning("%s: writing a transaction of %d messages again: %s", self.where, self._count(slot), why)
+        self._renew(slot, deadline)
+        if check is not None and self._committed(deadline) >= check:
+            logger.warning("%s: the transaction of checkpoint %d had committed before its producer was fenced",
+                           self.where, check)
+            self.suspect.discard(slot)
+            return True
+        p = self.producers[slot]
         try:
-            self._renew(slot)
-            p = self.producers[slot]
             self._begin(slot)
             for values, keys in self.kept[slot]:
-                self._produce(p, values, keys)
-            p.flush(TIMEOUT)
-        except KafkaException as e:          # still suspect: the caller tries again
-            self._failed(slot, e)
+                produce(p, self.opts["topic"], values, keys, patience=left(deadline, DEADLINE))
+            bounded("flush", left(deadline, CALL), p.flush)
+        except BaseException:               # still suspect: the caller tries again
             self.suspect.add(slot)
-            logger.warning("%s: the rewrite failed: %s", self.where, e)
+            raise
+        return False
+
+    def _committed(self, deadline: float) -> int:
+        """The mark committed for the writer's group (-1: none yet)."""
+        if self._marks is None:
+            self._marks = _group(self.opts["producer_config"], self._prefix)
+        try:
+            return bounded("committed", left(deadline, CALL), _committed_mark, self._marks, self.opts["topic"])
+        except Stuck:
+            self.given_up.append(self._marks)       # kept: a thread still uses it
+            self._marks = None
+            raise
+
+    def _error(self, what: str, broken: bool = True) -> SinkWriteError:
+        """The SinkWriteError of this writer that ``what``, naming the topic, the brokers and
+        the cause; not permanent (a recovery may find the broker back). ``broken``: a commit
+        failed, so no later one may commit."""
+        topic = self.opts["topic"]
+        servers = self.opts["producer_config"].get("bootstrap.servers")
+        err = SinkWriteError(f"{self.where} {what}; topic {topic!r}, bootstrap.servers={servers!r} (it may succeed "
+                             f"if retried: the job recovers from its last complete checkpoint)",
+                             sink=self.where, path=topic, errno_name="", permanent=False)
+        if broken:
+            self.broken = err
+        return err
 
     def _group_metadata(self):
         """The consumer group the marks are committed for: the writer's own (its prefix)."""
@@ -338,28 +469,35 @@ class KafkaWriter(SinkWriter):
         return [{"topic": self.opts["topic"], "prefix": self._prefix, "slots": SLOTS, "sealed": sealed}]
 
     def _seal(self, cid: int) -> None:
-        """Rows up to now are checkpoint ``cid``'s: flushed, committed once it completes
-        (rows of an instance that ended before the barrier are that checkpoint's too)."""
+        """Rows up to now are checkpoint ``cid``'s: flushed (for at most :data:`SEAL_FLUSH`
+        s: the commit flushes what is left), committed once it completes (rows of an
+        instance that ended before the barrier are that checkpoint's too)."""
         if cid != FINAL and FINAL in self.pending:
             self.pending.setdefault(cid, []).extend(self.pending.pop(FINAL))
-        if self.current is not None:
-            try:
-                self.producers[self.current].flush(TIMEOUT)
-            except Exception as e:          # its commit writes it again
-                if not self._failed(self.current, e):
-                    raise
-            self.pending.setdefault(cid, []).append(self.current)
+        slot = self.current
+        if slot is not None:
+            if slot not in self.suspect:
+                try:
+                    bounded("flush", SEAL_FLUSH, self.producers[slot].flush)
+                except Stuck:
+                    self._give_up(slot)
+                except Exception as e:          # its commit writes it again
+                    if not self._failed(slot, e):
+                        raise
+            self.pending.setdefault(cid, []).append(slot)
             self.current = None
 
-    def completed(self, cid: int) -> None:
-        """Commit the transactions sealed up to ``cid``, in the order of their marks: a
-        retired instance's last ones (-1, after every barrier it saw) with ``cid``'s."""
+    def completed(self, cid: int):
+        """Commit the transactions sealed up to ``cid``, in the order of their marks (a
+        retired instance's last ones, -1, after every barrier it saw, with ``cid``'s), in
+        the commit thread: returns its future (None: nothing to commit)."""
         due = sorted((c for c in self.pending if c <= cid), key=lambda c: (c < 0, c))
-        if due:
-            _test_kill(self.where, cid)
-        for c in due:
-            for s in self.pending.pop(c):
-                self._commit(s, cid if c < 0 else c)
+        if not due:
+            return None
+        _test_kill(self.where, cid)
+        if self._checkpointed():
+            self._group_metadata()          # made here rather than in the commit thread
+        return self._submit([(s, cid if c < 0 else c) for c in due for s in self.pending.pop(c)])
 
     def close(self) -> None:
         """End of stream: commit what is left (checkpoints pending first, in order). With
@@ -372,7 +510,9 @@ class KafkaWriter(SinkWriter):
         self.commit_all()
 
     def commit_all(self) -> None:
-        """The job finished: commit every transaction, in order."""
+        """The job finished: commit every transaction, in order (after those the commit
+        thread holds)."""
+        self._wait()
         for c in sorted(self.pending, key=lambda c: (c < 0, c)):
             for s in self.pending.pop(c):
                 self._commit(s, _mark(c))
@@ -402,15 +542,29 @@ class KafkaWriter(SinkWriter):
             self._send(values, keys)
 
     def abort(self) -> None:
+        """Abort the open transactions (within :data:`CALL` s in all; a suspect one, or
+        one left when time is up, is aborted by whoever takes its id next, or by the
+        broker's transaction timeout). Commits under way in the commit thread go on: their
+        checkpoint is complete."""
+        deadline = time.monotonic() + CALL
         for s in [*(x for v in self.pending.values() for x in v), *([self.current] if self.current is not None
                                                                     else [])]:
-            try:
-                self.producers[s].abort_transaction(TIMEOUT)
-            except Exception as e:         # the broker is gone: it aborts on its own timeout
-                logger.info("%s: could not abort a transaction: %s", self.where, e)
+            if s not in self.suspect and time.monotonic() < deadline:
+                try:
+                    bounded("abort_transaction", left(deadline, CALL), self.producers[s].abort_transaction)
+                except Stuck:
+                    self._give_up(s)
+                except Exception as e:         # the broker is gone: it aborts on its own timeout
+                    logger.info("%s: could not abort a transaction: %s", self.where, e)
             self.kept[s] = []
         self.pending.clear()
         self.current = None
+
+
+def _reason(e: BaseException) -> str:
+    """librdkafka's reason for ``e`` (a KafkaException's error string), else ``e`` itself."""
+    err = e.args[0] if e.args else None
+    return err.str() if hasattr(err, "str") else f"{type(e).__name__}: {e}"
 
 
 class KafkaCommitter(Committer):
@@ -537,9 +691,9 @@ def _group(config: dict, group: str):
     return Consumer({**connection(config), "group.id": group, "isolation.level": "read_committed"})
 
 
-def _committed_mark(consumer, topic: str) -> int:
+def _committed_mark(consumer, topic: str, timeout: float = TIMEOUT) -> int:
     """The mark committed for ``consumer``'s group with ``topic`` (-1: none yet)."""
     from confluent_kafka import TopicPartition
 
-    [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=TIMEOUT)
+    [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=timeout)
     return tp.offset if tp.offset >= 0 else -1

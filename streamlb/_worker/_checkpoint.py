@@ -236,16 +236,18 @@ class CheckpointSide:
         self.sinks.commit_all()
         return self.seal(-1)
 
-    def forget(self, cid: int, complete: bool = True) -> None:
+    def forget(self, cid: int, complete: bool = True) -> list:
         """The driver is done with checkpoint ``cid``: it is complete (the sinks' writers
         commit what they hold for it; a source tells its reader where it stood), or, not
         ``complete``, it was given up and its late outputs collected (they wait for the next
-        complete one)."""
+        complete one). Returns the futures of the sinks' commits still under way."""
         self.acks.pop(cid, None)
+        commits = []
         if complete:
-            self.sinks.completed(cid)
+            commits = self.sinks.completed(cid)
             if self.source is not None:
                 self.source.completed(cid)
+        return commits
 
     # -- a source ---------------------------------------------------------------------------------
     async def source_barrier(self, cid: int, full: bool, target: str | None = None) -> None:

@@ -522,7 +522,15 @@ class Instance:
         return await self.ckpt.acknowledgement(cid, full, timeout, target)
 
     async def forget_checkpoint(self, cid: int, complete: bool = True) -> None:
-        self.ckpt.forget(cid, complete)
+        """Checkpoint ``cid`` is done with (see ``CheckpointSide.forget``); returns once the
+        sinks' commits are. A commit that fails fails the instance (the driver does not
+        await this call: the failure reaches it as the instance's)."""
+        try:
+            for commit in self.ckpt.forget(cid, complete):
+                await asyncio.wrap_future(commit)
+        except Exception as exc:
+            self._fail(exc)
+            raise
 
     async def restore(self, base: str, manifest: dict, groups: list[int]) -> int:
         return await self.ckpt.restore(base, manifest, groups)

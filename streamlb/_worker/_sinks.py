@@ -57,10 +57,11 @@ class Sinks:
             merge(out, w.report, w.poll())
         return out
 
-    def completed(self, cid: int) -> None:
-        """Checkpoint ``cid`` is complete: the writers commit what it covers."""
-        for w in self.all:
-            w.completed(cid)
+    def completed(self, cid: int) -> list:
+        """Checkpoint ``cid`` is complete: the writers commit what it covers. Returns the
+        futures (``concurrent.futures.Future``) of the commits still under way in a writer's
+        own thread (a Kafka transaction's), for the instance to await."""
+        return [f for f in (w.completed(cid) for w in self.all) if f is not None]
 
     def commit_all(self) -> None:
         """A checkpointed job finished: the writers commit what waited for it."""
