@@ -27,7 +27,9 @@ from _faults import LocalFaultCluster, NetnsCluster, netns_unavailable
 from test_checkpoint import build, check_exact
 
 #: The workers' ``distributed.comm.timeouts.tcp`` (TCP_USER_TIMEOUT: how long unacknowledged
-#: data may wait before the kernel fails the connection); Dask's default is 30 s, its least 11 s.
+#: data may wait before the kernel fails the connection; Dask's least is 11 s) and
+#: ``.connect`` (a new connection into the partition). Both are 30 s by default, and a
+#: partition is then recovered from ~32 s after the cut.
 TCP_TIMEOUT = 12
 #: How long the partition test cuts the link: longer than the TCP timeout, as in issue 49.
 PARTITION = 35
@@ -95,7 +97,8 @@ def cluster():
     if netns_unavailable():
         made = LocalFaultCluster(3)
     else:
-        made = NetnsCluster(3, env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s"})
+        made = NetnsCluster(3, env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s",
+                                    "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": f"{TCP_TIMEOUT}s"})
     with made:
         yield made
 
@@ -147,10 +150,22 @@ def _first_recovery(job, timeout: float) -> dict:
     pytest.fail(f"no recovery within {timeout} s: status {job.status}, error {job.error!r}\n{job.failures()}")
 
 
+def _twice(out: str) -> dict[str, int]:
+    """The files of ``out`` holding rows another file holds too: file -> such rows."""
+    import pyarrow.parquet as pq
+
+    rids = {f: set(pq.read_table(os.path.join(out, f), columns=["rid"]).column("rid").to_pylist())
+            for f in sorted(os.listdir(out)) if f.endswith(".parquet")}
+    seen = pd.Series([r for v in rids.values() for r in v])
+    dup = set(seen[seen.duplicated()])
+    return {f: len(v & dup) for f, v in rids.items() if v & dup}
+
+
 def _finish_exact(job, frame, outs, out) -> None:
     """Wait for the job; exact; and nothing more is written after it ended (an instance of
     an attempt given up, frozen or cut off meanwhile, writes nothing)."""
     job.wait(timeout=240)
+    assert not _twice(out), f"rows written twice, by file: {_twice(out)}\n{job.failures().to_string()}"
     check_exact(job, frame, outs, out)
     written = sorted(os.listdir(out))
     time.sleep(2)
@@ -188,6 +203,7 @@ def test_a_partition_between_two_workers_is_recovered_exactly(cluster, data, tmp
         _finish_exact(job, frame, outs, out)
         faults = job.failures()
         assert faults["kind"].iloc[0] == "peer unreachable" and faults["action"].iloc[0] == "recovered"
+        assert len(_recoveries(job)) == 1, faults.to_string()     # one fault, one recovery
     finally:
         job.stop()
 
@@ -213,6 +229,7 @@ def test_a_frozen_worker_is_recovered_without_it(cluster, data, tmp_path):
             assert rec["fault"] == "worker unresponsive" and victim in rec["left_out"]
             assert rec["started"] - t0 < HEARTBEAT + 30
             _finish_exact(job, frame, outs, out)
+            assert len(_recoveries(job)) == 1, job.failures().to_string()
         finally:
             if pid is not None:
                 cluster.thaw(pid)
