@@ -487,6 +487,50 @@ def test_exact_across_a_broker_restart(two_workers, tmp_path, rows):
         broker.close()
 
 
+@pytest.mark.cluster
+def test_a_broker_away_longer_than_a_commit_may_take_is_a_sink_write_fault_recovered(two_workers, tmp_path):
+    """The broker process is stopped for longer than a sink's commit may take (its
+    deadline): the commit fails its instance with a SinkWriteError naming the sink, the
+    topic and the brokers, a fault the job recovers from, from its last complete checkpoint,
+    once the broker is back; every record counts once in state."""
+    from kafka_broker import Broker
+    from streamlb._sinks._kafka import DEADLINE
+
+    broker = Broker.start()
+    try:
+        if broker.external:
+            pytest.skip("cannot stop the external Kafka cluster ($STREAMLB_KAFKA_BOOTSTRAP)")
+        src_topic = broker.create_topic(topic_name("away"), partitions=4)
+        out_topic = broker.create_topic(topic_name("awayout"), partitions=3)
+        df = _records(100_000, seed=23)
+        broker.produce(src_topic, _values(df))
+        src = Stream.from_kafka_topic(src_topic, broker.consumer_conf, decode="json", until="end",
+                                      batch_size=2_000)
+        _aggregate_and_running_counts(src, out_topic, broker.bootstrap)
+        job = streamlb.run(src, client=two_workers, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
+                           balancer="static")
+        try:
+            deadline = time.time() + 60
+            while (job.checkpoints().empty or sum(job.offsets().values()) < len(df) // 4) \
+                    and time.time() < deadline:
+                time.sleep(0.05)
+            broker.stop()
+            time.sleep(DEADLINE + 8)
+            broker.restart()            # (started again: it is stopped already)
+            job.wait(timeout=240)
+            pd.testing.assert_frame_equal(_state(job), _truth(df), check_dtype=False)
+            faults = job.failures()
+        finally:
+            job.stop()
+        print(faults.to_string())
+        sink = faults[faults.kind == "sink write"]
+        assert len(sink) and (sink.action == "recovered").all(), faults.to_string()
+        detail = sink.detail.iloc[0]
+        assert "to_kafka_topic" in detail and out_topic in detail and broker.bootstrap in detail, detail
+    finally:
+        broker.close()
+
+
 def test_a_sink_commit_after_a_broker_restart_ends_within_its_deadline():
     """After the broker restarts, a producer's ``send_offsets_to_transaction`` waits for ever
     whatever its timeout (its group coordinator went with the broker: librdkafka#5456; 4 of 4
