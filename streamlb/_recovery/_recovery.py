@@ -149,6 +149,8 @@ class Recovery:
         with self._lock, job.topology_lock:
             if job.status != "running" or (lost and not set(lost) & set(job.workers_of.values())):
                 return              # another thread recovered meanwhile
+            if suspects and not lost and not set(suspects) & set(job.workers_of.values()):
+                return              # the same: a recovery left them out (two threads saw the fault)
             kind = kind_of(err) or "worker lost"
             if lost:
                 kind = "worker lost"
