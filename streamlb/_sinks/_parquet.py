@@ -189,15 +189,26 @@ class ParquetCommitter(Committer):
         self.discard()
 
     def finish(self) -> None:
-        """The files left under ``_temporary`` by this job (every file of a job without
-        checkpoints) into their dataset, and ``_SUCCESS``. A file another job staged per
-        checkpoint is left where it is."""
+        """The files left under ``_temporary`` by this job without checkpoints into their
+        dataset, and ``_SUCCESS``. With checkpoints every file is committed by the segment
+        that lists it, so a file of this job staged per checkpoint and still there was
+        written by an instance after it was replaced (a frozen worker's that woke up after
+        the recovery): removed, never committed. A file another job staged is left alone."""
         for path in self.plan.parquet_paths:
             tmp = os.path.join(path, "_temporary")
             if os.path.isdir(tmp):
                 for fn in sorted(os.listdir(tmp)):
-                    if self._mine(fn):
-                        _move(path, os.path.join(tmp, fn), os.path.join(path, fn))
+                    if not self._mine(fn):
+                        continue
+                    if _STAGED.search(fn) and os.path.join(tmp, fn) not in self.unmoved:
+                        logger.warning("to_parquet(%r): removing %s: no checkpoint committed it (written by an "
+                                       "instance after it was replaced)", path, fn)
+                        try:
+                            os.remove(os.path.join(tmp, fn))
+                        except OSError:
+                            pass
+                        continue
+                    _move(path, os.path.join(tmp, fn), os.path.join(path, fn))
                 try:
                     os.rmdir(tmp)
                 except OSError:         # another job's files are there
