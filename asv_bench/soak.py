@@ -42,6 +42,7 @@ import tracemalloc
 import numpy as np
 import pandas as pd
 import psutil
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 SPEC = {"n": ("value", "count"), "total": ("value", "sum")}
@@ -560,6 +561,7 @@ def main(argv=None) -> int:
             written = writer.written
             ck_bytes, ck_files = dir_bytes(ck)
             s = {"t": now, "rss_mb": rss, "pids": dict(workers.pids), "driver_rss_mb": proc.memory_info().rss / 2**20,
+                 "driver_arrow_mb": pa.total_allocated_bytes() / 2**20, "driver_py_blocks": sys.getallocatedblocks(),
                  "checkpoint_bytes": ck_bytes, "checkpoint_files": ck_files,
                  "latency_p50_s": float(np.median(lat)) if lat else None,
                  "latency_max_s": float(np.max(lat)) if lat else None,
