@@ -215,6 +215,7 @@ class Recovery:
                        last, self.count, self.attempts)
         keyed = [st.name for st in job.plan.stages if st.id in job.tables]
         job._migrations.lose(list(lost) + list(suspects))      # a move in flight on them fails at once
+        current = set(job.workers_of.values())     # a tie between two sides of a partition: the busier
         self._drop_actors()
         paused = True
         try:
@@ -226,7 +227,7 @@ class Recovery:
             discarded = ckpt.discard_outputs()
             restored = (ckpt.last, ckpt.last_base) if ckpt.last is not None else None
             self._tables(restored)
-            workers, cut = self._workers(lost, suspects, kind)
+            workers, cut = self._workers(lost, suspects, kind, current)
             if not workers:
                 job.error = JobFailedError(f"job {job.id}: worker {culprit} {kind} and no worker is left to restore "
                                            f"{last} on: {cut or 'every worker of the cluster is gone'}")
@@ -258,7 +259,7 @@ class Recovery:
         logger.warning("job %s: resumed from %s in %.2f s on %d workers", job.id, last, done - t0,
                        len(set(job.workers_of.values())))
 
-    def _workers(self, lost, suspects, kind: str) -> tuple[list[str], str]:
+    def _workers(self, lost, suspects, kind: str, current=()) -> tuple[list[str], str]:
         """Where the new instances go: the listed workers, less those lost or left out; after
         a fault other than a plain loss, only those that answer and reach each other. Also
         what was cut off, for an error."""
@@ -269,7 +270,7 @@ class Recovery:
             return workers, ""
         from ._reach import reachable
 
-        chosen, cut = reachable(self.job.client, workers, config.seconds("fault.probe-timeout"))
+        chosen, cut = reachable(self.job.client, workers, config.seconds("fault.probe-timeout"), current)
         if len(chosen) < len(workers):
             logger.warning("job %s: restoring on %s only: %s", self.job.id, ", ".join(chosen) or "no worker",
                            "; ".join(f"{w} cannot reach {', '.join(o) or 'the driver'}" for w, o in cut.items() if o
