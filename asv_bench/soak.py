@@ -215,6 +215,57 @@ def metrics_p50(job, operator: str, after: float) -> tuple[float | None, float]:
     return quantile(np.sum([np.asarray(h) for h in hist], axis=0), 0.5) / 1e3, float(ws.max())
 
 
+class Sampler:
+    """One sample a second of the job, its processes, its checkpoints and its output."""
+
+    def __init__(self, job, client, workers: Workers, writer: Writer, output: Output, ck: str) -> None:
+        self.job, self.client, self.workers = job, client, workers
+        self.writer, self.output, self.ck = writer, output, ck
+        self.proc = psutil.Process()
+        self.last: dict | None = None
+        self.last_latency = float("nan")
+        self.metrics_after, self.next_metrics = 0.0, 5.0
+
+    def take(self, now: float) -> dict:
+        rss = self.workers.rss(now)
+        committed, lat = self.output.poll()
+        written = self.writer.written
+        ck_bytes, ck_files = dir_bytes(self.ck)
+        dt = max(1e-3, now - self.last["t"]) if self.last else None
+        s = {"t": now, "rss_mb": rss, "pids": dict(self.workers.pids),
+             "driver_rss_mb": self.proc.memory_info().rss / 2**20,
+             "driver_arrow_mb": pa.total_allocated_bytes() / 2**20, "driver_py_blocks": sys.getallocatedblocks(),
+             "checkpoint_bytes": ck_bytes, "checkpoint_files": ck_files,
+             "latency_p50_s": float(np.median(lat)) if lat else None,
+             "latency_max_s": float(np.max(lat)) if lat else None,
+             "staleness_s": (time.time_ns() - self.output.newest_created) / 1e9 if self.output.newest_created else None,
+             "committed_per_s": committed / dt if dt else 0.0,
+             "written_per_s": (written - self.last["written"]) / dt if dt else 0.0,
+             "written": written, "committed": self.output.rows, "status": self.job.status,
+             "metrics_p50_s": None, "job_workers": job_workers(self.job, self.client),
+             "scheduler_workers": self.workers.known, "refresh_error": self.workers.error}
+        self.workers.error = None
+        if now >= self.next_metrics:
+            self.next_metrics = now + 5.0
+            try:
+                s["metrics_p50_s"], self.metrics_after = metrics_p50(self.job, "totals", self.metrics_after)
+            except Exception as exc:        # instances being replaced by a recovery
+                s["metrics_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        if s["latency_p50_s"] is not None:
+            self.last_latency = s["latency_p50_s"]
+        self.last = s
+        return s
+
+
+def kill(workers: Workers, n: int, now: float, t0: float) -> dict:
+    """SIGKILL the n-th kill's worker process (the workers by name, in turn)."""
+    name = sorted(workers.pids)[n % 2]
+    pid = workers.pids[name]
+    os.kill(pid, signal.SIGKILL)
+    log(t0, f"SIGKILL worker {name} (pid {pid})")
+    return {"t": now, "worker": name, "pid": pid}
+
+
 def progress(t0: float, s: dict, latency: float) -> None:
     rss = " ".join(f"w{k}={v:.0f}" if v else f"w{k}=?" for k, v in sorted(s["rss_mb"].items()))
     log(t0, f"written {s['written']:,} committed {s['committed']:,} | RSS {rss} driver={s['driver_rss_mb']:.0f} MiB"
@@ -538,56 +589,24 @@ def main(argv=None) -> int:
                            restart_attempts=len(kill_at) + 2)
         t0 = time.time()        # the run's clock starts with the job
         log(t0, f"job {job.id} running on {sorted(workers.pids.items())}")
-        output = Output(os.path.join(out, "rows"))
-        proc = psutil.Process()
-        last_written, last_metrics_ws, next_metrics, last_latency = 0, 0.0, 5.0, float("nan")
+        sampler = Sampler(job, client, workers, writer, Output(os.path.join(out, "rows")), ck)
         traced = None
         if args.trace_driver:
             tracemalloc.start(8)
         tick = t0
-        while True:
+        while time.time() - t0 < duration:
             now = time.time() - t0
-            if now >= duration:
-                break
             if kill_at and now >= kill_at[0]:
                 kill_at.pop(0)
-                name = sorted(workers.pids)[len(kills) % 2]
-                pid = workers.pids[name]
-                os.kill(pid, signal.SIGKILL)
-                kills.append({"t": now, "worker": name, "pid": pid})
-                log(t0, f"SIGKILL worker {name} (pid {pid})")
-            rss = workers.rss(now)
-            committed, lat = output.poll()
-            written = writer.written
-            ck_bytes, ck_files = dir_bytes(ck)
-            s = {"t": now, "rss_mb": rss, "pids": dict(workers.pids), "driver_rss_mb": proc.memory_info().rss / 2**20,
-                 "driver_arrow_mb": pa.total_allocated_bytes() / 2**20, "driver_py_blocks": sys.getallocatedblocks(),
-                 "checkpoint_bytes": ck_bytes, "checkpoint_files": ck_files,
-                 "latency_p50_s": float(np.median(lat)) if lat else None,
-                 "latency_max_s": float(np.max(lat)) if lat else None,
-                 "staleness_s": (time.time_ns() - output.newest_created) / 1e9 if output.newest_created else None,
-                 "committed_per_s": committed / max(1e-3, now - samples[-1]["t"]) if samples else 0.0,
-                 "written_per_s": (written - last_written) / max(1e-3, now - samples[-1]["t"]) if samples else 0.0,
-                 "written": written, "committed": output.rows, "status": job.status,
-                 "metrics_p50_s": None, "job_workers": job_workers(job, client),
-                 "scheduler_workers": workers.known, "refresh_error": workers.error}
-            workers.error = None
-            last_written = written
+                kills.append(kill(workers, len(kills), now, t0))
+            samples.append(sampler.take(now))
             if args.trace_driver and traced is None and now >= 60:
                 traced = tracemalloc.take_snapshot()
-            if now >= next_metrics:
-                next_metrics = now + 5.0
-                try:
-                    s["metrics_p50_s"], last_metrics_ws = metrics_p50(job, "totals", last_metrics_ws)
-                except Exception as exc:        # instances being replaced by a recovery
-                    s["metrics_error"] = f"{type(exc).__name__}: {exc}"[:200]
-            samples.append(s)
-            last_latency = s["latency_p50_s"] if s["latency_p50_s"] is not None else last_latency
             if job.status != "running":
                 log(t0, f"job is {job.status}: {job.error!r}")
                 break
             if len(samples) % 10 == 0:
-                progress(t0, s, last_latency)
+                progress(t0, samples[-1], sampler.last_latency)
             tick += 1.0
             time.sleep(max(0.0, tick - time.time()))
         end = {"driver_growth": driver_growth(traced)} if traced is not None else {}
