@@ -515,7 +515,8 @@ class Job:
         return self._results.state_size(operator)
 
     def metrics(self) -> pd.DataFrame:
-        """One row per instance per load window (see ``METRIC_COLUMNS``)."""
+        """One row per instance per load window (see ``METRIC_COLUMNS``): the newest
+        ``streamlb.metrics-windows`` (3600) windows of each instance."""
         return self._results.metrics()
 
     def summary(self) -> dict:

@@ -6,12 +6,14 @@ reports the balancer plugin merges).
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
+from .. import config
 from .. import latency as _latency
 
 
@@ -82,7 +84,8 @@ class Metrics:
         self.watermark = watermark            # the instance's event-time watermark (ns), if it has one
         self.worker = None
         self.routers: dict = {}
-        self.rows: list[dict] = []
+        # the newest windows only: an unbounded job's metrics would grow for ever (1.5 KB a window)
+        self.rows: collections.deque = collections.deque(maxlen=int(config.get("metrics-windows")))
         self.blocked = 0.0             # seconds spent waiting for credits inside a busy span
         self.win: _Window | None = None
         self.closed = False
