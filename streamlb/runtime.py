@@ -97,7 +97,8 @@ def run(node, address: str | None = None, n_workers: int | None = None, *,
         checkpoint), one ``chk-*`` directory or a savepoint path. The parallelism may differ
         from the job that wrote it; the operators, their kinds, keys and aggregates must match.
     restart_attempts : int, optional
-        Recoveries from lost workers before the job fails (setting
+        Recoveries from faults (lost, frozen or cut-off workers) in a row, with no checkpoint
+        completed between them, before the job fails (setting
         ``streamlb.checkpoint.restart-attempts``).
     state_backend : {"memory", "rocksdb"}, optional
         Where keyed state lives (setting ``streamlb.state.backend``): ``"rocksdb"`` for
@@ -375,7 +376,7 @@ class Job:
         (``worker lost``, ``peer unreachable``, ``worker unresponsive``, ``sink write``,
         ``instance unreachable``), ``workers`` it points to, ``detail`` (the error seen),
         ``action`` (``recovered``, ``failed``, or why the attempt failed), ``attempt`` (of
-        ``restart_attempts``) and ``checkpoint`` (the one restored). Empty for a job run
+        ``restart_attempts``, counted since a checkpoint last completed) and ``checkpoint`` (the one restored). Empty for a job run
         without ``checkpoint=``: there, any such fault fails the job (``job.error``)."""
         from ._recovery._faults import FaultLog
 

@@ -524,3 +524,30 @@ def test_a_lost_scheduler_fails_the_job_naming_the_checkpoint_to_resume(data, tm
         job.wait(timeout=120)
         check_exact(job, frame, outs + outs2, out)
         job.stop()
+
+
+@pytest.mark.cluster
+def test_restart_attempts_bound_recoveries_in_a_row_not_a_jobs_life(cluster3, data, tmp_path):
+    """``restart_attempts=1``: a worker lost, the job recovers and completes a checkpoint,
+    then another worker lost: recovered too (a completed checkpoint starts the count afresh;
+    it bounds a crash loop, not an unbounded job's life). Exact against pandas."""
+    path, frame = data
+    cluster3.wait_for_workers(3, timeout=60)
+    out = str(tmp_path / "out")
+    src, outs = build(path, out, rate=30_000)
+    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.2,
+                       restart_attempts=1)
+    pids = cluster3.run(os.getpid)
+    for n in (1, 2):
+        deadline = time.time() + 20
+        done = job.checkpointer.completed_id
+        while job.checkpointer.completed_id <= done and time.time() < deadline:
+            time.sleep(0.02)                # a checkpoint completed since the start / the recovery
+        os.kill(pids[_job_worker(job, "totals")], signal.SIGKILL)
+        while sum(h.get("kind") == "recovery" for h in job.history) < n and time.time() < deadline + 30:
+            time.sleep(0.02)
+    job.wait(timeout=180)
+    check_exact(job, frame, outs, out)
+    faults = job.failures()
+    assert list(faults["action"]) == ["recovered", "recovered"] and list(faults["attempt"]) == [1, 1], faults
+    job.stop()

@@ -261,6 +261,8 @@ class Checkpointer:
         if target is None:
             self.last, self.last_base = manifest, resolve(url)[1]
             self.completed_id = cid
+            if job.recovery is not None:
+                job.recovery.progressed()
             retain(url, self.retained)
         unwritten = None
         try:

@@ -53,11 +53,18 @@ class Recovery:
         if self.attempts < 0:
             raise PipelineError(f"restart_attempts must be >= 0, got {attempts!r}")
         self.grace = grace
-        self.count = 0
+        self.count = 0              # recoveries over the job's life
+        self.streak = 0             # of them, since a checkpoint last completed: what attempts bound
         self.faults = FaultLog()
         self._lock = threading.Lock()
         self._heard: dict[str, tuple[float, float]] = {}    # worker -> (its last_seen, when that changed here)
         self._deployed: tuple = ()          # the workers the last attempt deployed on
+
+    def progressed(self) -> None:
+        """A checkpoint completed: the job makes progress, so the recoveries before it no
+        longer count against ``restart_attempts`` (which bounds a crash loop, not a job's
+        life: an unbounded job that loses a worker now and then lives on)."""
+        self.streak = 0
 
     # -- detection ----------------------------------------------------------------------------------
     def lost_workers(self) -> list[str]:
@@ -157,10 +164,11 @@ class Recovery:
             culprits = list(lost) or list(suspects)
             names = self._instances_on(culprits) or sorted({st.name for st in job.plan.stages})
             while True:
-                if self.count >= self.attempts:
+                if self.streak >= self.attempts:
                     self._give_up(kind, culprits, names, err)
                 self.count += 1
-                row = self.faults.add(kind, culprits, err, "recovering", self.count,
+                self.streak += 1
+                row = self.faults.add(kind, culprits, err, "recovering", self.streak,
                                       job.checkpointer.completed_id or None)
                 try:
                     self._restore(lost, suspects, names, err, kind)
@@ -175,7 +183,7 @@ class Recovery:
                     live = set(cluster_workers(job.client))
                     again = sorted(w for w in set(job.workers_of.values()) | set(self._deployed) if w not in live)
                     row["action"] = f"attempt failed: {describe(exc)}"
-                    logger.warning("job %s: recovery %d of %d failed (%s: %s)%s", job.id, self.count,
+                    logger.warning("job %s: recovery %d of %d failed (%s: %s)%s", job.id, self.streak,
                                    self.attempts, type(exc).__name__, exc,
                                    f"; worker {', '.join(again)} lost meanwhile" if again else "")
                     kind = "worker lost" if again else (kind_of(exc) or kind)
@@ -195,11 +203,12 @@ class Recovery:
                   f"checkpoint directory starts from its latest complete checkpoint)" if ckpt.url else "")
         error = JobFailedError(
             f"job {job.id}: worker {', '.join(culprits) or '?'} (instances of {', '.join(names)}) {what} at "
-            f"{time.strftime('%H:%M:%S')} after {self.count} recoveries (restart_attempts={self.attempts}); "
+            f"{time.strftime('%H:%M:%S')} after {self.streak} recoveries with no checkpoint completed between them "
+            f"(restart_attempts={self.attempts}; {self.count} in the job's life); "
             f"last complete checkpoint: {last}{resume}")
         if err is not None:
             error.__cause__ = err
-        self.faults.add(kind, culprits, err, "failed", self.count, ckpt.completed_id or None)
+        self.faults.add(kind, culprits, err, "failed", self.streak, ckpt.completed_id or None)
         job.status, job.error = "failed", error
         self._drop_actors()
         raise error
@@ -212,7 +221,7 @@ class Recovery:
         culprit = ", ".join(list(lost) or list(suspects)) or "?"
         logger.warning("job %s: %s: %s (instances of %s)%s; restoring %s (recovery %d of %d)", job.id, kind, culprit,
                        ", ".join(names), f" [{describe(err)}]" if err is not None and kind != "worker lost" else "",
-                       last, self.count, self.attempts)
+                       last, self.streak, self.attempts)
         keyed = [st.name for st in job.plan.stages if st.id in job.tables]
         job._migrations.lose(list(lost) + list(suspects))      # a move in flight on them fails at once
         current = set(job.workers_of.values())     # a tie between two sides of a partition: the busier
