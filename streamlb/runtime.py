@@ -376,8 +376,9 @@ class Job:
         (``worker lost``, ``peer unreachable``, ``worker unresponsive``, ``sink write``,
         ``instance unreachable``), ``workers`` it points to, ``detail`` (the error seen),
         ``action`` (``recovered``, ``failed``, or why the attempt failed), ``attempt`` (of
-        ``restart_attempts``, counted since a checkpoint last completed) and ``checkpoint`` (the one restored). Empty for a job run
-        without ``checkpoint=``: there, any such fault fails the job (``job.error``)."""
+        ``restart_attempts``, counted since a checkpoint last completed) and ``checkpoint``
+        (the one restored). Empty for a job run without ``checkpoint=``: there, any such
+        fault fails the job (``job.error``)."""
         from ._recovery._faults import FaultLog
 
         return (self.recovery.faults if self.recovery is not None else FaultLog()).frame()
