@@ -393,6 +393,21 @@ def test_restart_attempts_exhausted_fails_naming_the_worker(cluster3, data, tmp_
 
 
 # -- faults beyond one lost worker (docs/fault-tolerance.md, "Faults and what streamlb does") ---------
+def _checkpointed_run(client, data, tmp_path, rate: int, **run_kw):
+    """The job of :func:`build` at ``rate`` rows/s, checkpointed, once its first checkpoint
+    completed: ``(job, frame, outs, out, pids)`` (pids: each worker's process id)."""
+    path, frame = data
+    client.wait_for_workers(3, timeout=60)
+    out = str(tmp_path / "out")
+    src, outs = build(path, out, rate=rate)
+    job = streamlb.run(src, client=client, checkpoint=str(tmp_path / "ck"), **{"checkpoint_interval": 0.3, **run_kw})
+    pids = client.run(os.getpid)
+    deadline = time.time() + 20
+    while job.checkpoints().empty and time.time() < deadline:
+        time.sleep(0.02)
+    return job, frame, outs, out, pids
+
+
 def _job_worker(job, operator: str, exclude=()) -> str:
     """A worker holding an instance of ``operator`` (not one of ``exclude``)."""
     return sorted({w for k, w in job.workers_of.items()
@@ -405,12 +420,7 @@ def test_a_worker_lost_during_a_recovery_is_one_more_attempt(cluster3, data, tmp
     re-creates the instances, on one of the workers it places them on): one more recovery
     attempt, and ``wait()`` returns exact. At b858ae2 ``wait()`` raised ``OSError: Unable to
     contact Actor's worker`` while ``status`` said "running"."""
-    path, frame = data
-    cluster3.wait_for_workers(3, timeout=60)
-    out = str(tmp_path / "out")
-    src, outs = build(path, out, rate=60_000)
-    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
-    pids = cluster3.run(os.getpid)
+    job, frame, outs, out, pids = _checkpointed_run(cluster3, data, tmp_path, 60_000)
     killed = []
     deploy = job._deploy
 
@@ -422,9 +432,6 @@ def test_a_worker_lost_during_a_recovery_is_one_more_attempt(cluster3, data, tmp
         return deploy(workers, restored, fresh_clock, run)
 
     job._deploy = deploy_after_a_second_kill
-    deadline = time.time() + 20
-    while job.checkpoints().empty and time.time() < deadline:
-        time.sleep(0.02)
     killed.append(_job_worker(job, "totals"))
     os.kill(pids[killed[0]], signal.SIGKILL)
     job.wait(timeout=180)
@@ -448,15 +455,8 @@ def test_a_worker_lost_during_a_rescale_or_move_ends_the_call_with_what_is_in_fo
     Actor was lost``, ``OSError``, ``CommClosedError``), as at b858ae2."""
     from streamlb import ReconfigurationError
 
-    path, frame = data
-    cluster3.wait_for_workers(3, timeout=60)
-    out = str(tmp_path / "out")
-    src, outs = build(path, out, rate=30_000)
-    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
-    pids = cluster3.run(os.getpid)
+    job, frame, outs, out, pids = _checkpointed_run(cluster3, data, tmp_path, 30_000)
     deadline = time.time() + 20
-    while job.checkpoints().empty and time.time() < deadline:
-        time.sleep(0.02)
     busy, killed = threading.Event(), []
 
     def kill_when_busy():
@@ -531,13 +531,8 @@ def test_restart_attempts_bound_recoveries_in_a_row_not_a_jobs_life(cluster3, da
     """``restart_attempts=1``: a worker lost, the job recovers and completes a checkpoint,
     then another worker lost: recovered too (a completed checkpoint starts the count afresh;
     it bounds a crash loop, not an unbounded job's life). Exact against pandas."""
-    path, frame = data
-    cluster3.wait_for_workers(3, timeout=60)
-    out = str(tmp_path / "out")
-    src, outs = build(path, out, rate=30_000)
-    job = streamlb.run(src, client=cluster3, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.2,
-                       restart_attempts=1)
-    pids = cluster3.run(os.getpid)
+    job, frame, outs, out, pids = _checkpointed_run(cluster3, data, tmp_path, 30_000, checkpoint_interval=0.2,
+                                                    restart_attempts=1)
     for n in (1, 2):
         deadline = time.time() + 20
         done = job.checkpointer.completed_id
