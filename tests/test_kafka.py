@@ -437,6 +437,24 @@ def test_two_million_records_into_an_aggregate_and_a_stateful_map_written_to_kaf
     _same_rows(_read_counts(kafka, out_topic), _expected_counts(df))
 
 
+def _a_quarter_read(broker, client, tmp_path, name: str, rows: int, seed: int):
+    """A checkpointed job from a topic of ``rows`` records of the test's own ``broker`` into
+    the aggregate and the running counts written to another topic, once a checkpoint
+    completed and a quarter of the records was read: ``(job, records, output topic)``."""
+    src_topic = broker.create_topic(topic_name(name), partitions=4)
+    out_topic = broker.create_topic(topic_name(name + "out"), partitions=3)
+    df = _records(rows, seed=seed)
+    broker.produce(src_topic, _values(df))
+    src = Stream.from_kafka_topic(src_topic, broker.consumer_conf, decode="json", until="end", batch_size=2_000)
+    _aggregate_and_running_counts(src, out_topic, broker.bootstrap)
+    job = streamlb.run(src, client=client, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
+                       balancer="static")
+    deadline = time.time() + 60
+    while (job.checkpoints().empty or sum(job.offsets().values()) < len(df) // 4) and time.time() < deadline:
+        time.sleep(0.05)
+    return job, df, out_topic
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("rows", [300_000, pytest.param(2_000_000, marks=pytest.mark.slow)])
 def test_exact_across_a_broker_restart(two_workers, tmp_path, rows):
@@ -455,20 +473,8 @@ def test_exact_across_a_broker_restart(two_workers, tmp_path, rows):
     try:
         if broker.external:
             pytest.skip("cannot restart the external Kafka cluster ($STREAMLB_KAFKA_BOOTSTRAP)")
-        src_topic = broker.create_topic(topic_name("rs"), partitions=4)
-        out_topic = broker.create_topic(topic_name("rsout"), partitions=3)
-        df = _records(rows, seed=22)
-        broker.produce(src_topic, _values(df))
-        src = Stream.from_kafka_topic(src_topic, broker.consumer_conf, decode="json", until="end",
-                                      batch_size=2_000)
-        _aggregate_and_running_counts(src, out_topic, broker.bootstrap)
-        job = streamlb.run(src, client=two_workers, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
-                           balancer="static")
+        job, df, out_topic = _a_quarter_read(broker, two_workers, tmp_path, "rs", rows, seed=22)
         try:
-            deadline = time.time() + 60
-            while (job.checkpoints().empty or sum(job.offsets().values()) < len(df) // 4) \
-                    and time.time() < deadline:
-                time.sleep(0.05)
             read_before = sum(job.offsets().values())
             broker.restart()
             job.wait(timeout=300)
@@ -500,20 +506,8 @@ def test_a_broker_away_longer_than_a_commit_may_take_is_a_sink_write_fault_recov
     try:
         if broker.external:
             pytest.skip("cannot stop the external Kafka cluster ($STREAMLB_KAFKA_BOOTSTRAP)")
-        src_topic = broker.create_topic(topic_name("away"), partitions=4)
-        out_topic = broker.create_topic(topic_name("awayout"), partitions=3)
-        df = _records(100_000, seed=23)
-        broker.produce(src_topic, _values(df))
-        src = Stream.from_kafka_topic(src_topic, broker.consumer_conf, decode="json", until="end",
-                                      batch_size=2_000)
-        _aggregate_and_running_counts(src, out_topic, broker.bootstrap)
-        job = streamlb.run(src, client=two_workers, checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3,
-                           balancer="static")
+        job, df, out_topic = _a_quarter_read(broker, two_workers, tmp_path, "away", 100_000, seed=23)
         try:
-            deadline = time.time() + 60
-            while (job.checkpoints().empty or sum(job.offsets().values()) < len(df) // 4) \
-                    and time.time() < deadline:
-                time.sleep(0.05)
             broker.stop()
             time.sleep(DEADLINE + 8)
             broker.restart()            # (started again: it is stopped already)
