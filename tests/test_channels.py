@@ -95,3 +95,32 @@ def test_messages_are_frozen(cls):
     msg = cls(None, 0.0) if cls is Batch else cls(1)
     with pytest.raises(AttributeError):
         msg.emitted = 1.0
+
+
+def test_a_stopped_instance_leaves_nothing_on_its_way_and_keeps_no_sender_waiting():
+    """What a stop does to the channels (``Instance._hush``): a send not yet answered is given
+    up, and every message queued at the receiver, in order or early, is refused at once."""
+    async def go():
+        peer = _Peer()
+        ch = OutChannel(peer, sender=0, credits=2, label="src[0]")
+        await ch.send(Marker(1))
+        await asyncio.sleep(0.01)
+        assert len(ch.tasks) == 1               # held by the peer
+        ch.cancel()
+        await asyncio.sleep(0.01)
+        assert not ch.tasks
+        await asyncio.wait_for(ch.drain(), 1)   # its credit is back
+
+        box = Inbox([0, 1], strict=True)
+        loop = asyncio.get_running_loop()
+        waiting = [loop.create_future() for _ in range(3)]
+        assert box.put(Envelope(0, 0, "a"), (0, "a", waiting[0]))
+        assert box.put(Envelope(1, 2, "c"), (1, "c", waiting[1]))      # early: 0 and 1 not here yet
+        assert box.put(Envelope(1, 0, "b"), (1, "b", waiting[2]))
+        box.refuse_waiting(StreamlbError("instance agg[0] was stopped"))
+        assert not box and all(f.done() for f in waiting)
+        for f in waiting:
+            with pytest.raises(StreamlbError, match="was stopped"):
+                f.result()
+
+    asyncio.run(go())

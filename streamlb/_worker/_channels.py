@@ -100,6 +100,12 @@ class OutChannel:
         finally:
             self.sem.release()
 
+    def cancel(self) -> None:
+        """Give up what is in flight (its sender stopped): a message not yet on the wire
+        never goes out."""
+        for t in list(self.tasks):
+            t.cancel()
+
     async def drain(self) -> None:
         """Return once nothing sent on this channel is in flight."""
         for _ in range(self.credits):
@@ -170,6 +176,16 @@ class Inbox:
             nxt += 1
         self._next[env.sender] = nxt
         return True
+
+    def refuse_waiting(self, exc: BaseException) -> None:
+        """Nothing will apply what is queued (its receiver stopped): each sender waiting for
+        its message to be applied gets ``exc`` at once."""
+        items = list(self.ready) + [item for early in self._early.values() for item in early.values()]
+        self.ready.clear()
+        self._early.clear()
+        for _sender, _msg, fut in items:
+            if not fut.done():
+                fut.set_exception(exc)
 
     def __len__(self) -> int:
         return len(self.ready)

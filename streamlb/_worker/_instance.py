@@ -186,7 +186,7 @@ class Instance:
         self._inputs_changed()      # every sender was removed before it started
 
     def _fail(self, exc: BaseException) -> None:
-        if self.life.phase is Phase.FAILED:
+        if self.life.phase in (Phase.FAILED, Phase.STOPPED):    # (a send cut short by the stop)
             return
         self.life.move_to(Phase.FAILED)
         if not isinstance(exc, StreamlbError):
@@ -198,10 +198,24 @@ class Instance:
         self.sinks.abort()
 
     async def stop(self) -> None:
-        self.tasks.cancel()
+        self.tasks.cancel(spawned=True)
         self.sinks.abort()        # what no checkpoint committed (of a done or retired one too)
         if self.life.may(Phase.STOPPED):
             self.life.move_to(Phase.STOPPED)
+        self._hush()
+
+    def _hush(self) -> None:
+        """A stopped instance sends nothing more and keeps no sender waiting. The driver frees
+        the actors of a stopped job once every instance answered ``stop``: a message still
+        on its way then would reach a worker after the actor it is for was freed, which the
+        worker logs as an error. So what this one has in flight that is not on the wire yet
+        is given up, and what others sent it, queued or arriving, is refused at once."""
+        for ex in self.exchanges.values():
+            for ch in list(ex.chans.values()):
+                ch.cancel()
+        refused = StreamlbError(f"instance {self.label} was stopped")
+        self.inbox.refuse_waiting(refused)
+        self.ctl.refuse_waiting(refused)
 
     async def retire(self, timeout: float, outputs: str = "linger") -> dict:
         """No router sends here any more: finish what is queued, flush the outputs, close
@@ -288,6 +302,9 @@ class Instance:
     async def push(self, env: Envelope):
         """A message on the data lane; returns once processed, with this instance's cost
         sketches now and then (osg), else None."""
+        if self.life.phase in (Phase.FAILED, Phase.STOPPED):     # nothing reads the data lane any more
+            raise StreamlbError(f"instance {self.label} is {self.status}: it takes no more data "
+                                f"(from sender {env.sender}, message {env.seq})")
         await self._enqueue(self.inbox, env, "upstream sender")
         return self.op.reply(env.sender)
 

@@ -34,8 +34,9 @@ class Tasks:
         while self.spawned:
             await asyncio.gather(*list(self.spawned))
 
-    def cancel(self) -> None:
-        """Cancel the instance's own tasks, but not the one calling."""
-        for t in self.main:
+    def cancel(self, spawned: bool = False) -> None:
+        """Cancel the instance's own tasks, but not the one calling (and, with ``spawned``,
+        the tasks it spawned: a stopped instance sends no more state)."""
+        for t in self.main + (list(self.spawned) if spawned else []):
             if t is not asyncio.current_task():
                 t.cancel()
