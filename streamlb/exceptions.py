@@ -27,6 +27,7 @@ __all__ = [
     "PeerUnreachableError",
     "InstanceUnresponsiveError",
     "SinkWriteError",
+    "StateTooLargeError",
     "StreamlbWarning",
 ]
 
@@ -173,6 +174,22 @@ class SinkWriteError(StreamlbError, OSError):
 
     def __reduce__(self):
         return (type(self), (self.args[0], self.sink, self.path, self.errno_name, self.permanent))
+
+
+class StateTooLargeError(StreamlbError, MemoryError):
+    """A read of keyed state (``job.state``) refused before it started: the DataFrame it
+    would build does not fit in the memory left on an instance's worker or in the driver.
+    The message names the operator, the instance and its worker, the estimate and the memory
+    free, and how many key groups a read with ``key_groups=`` could take. Nothing changed:
+    the state is intact. Attributes: ``operator``, ``nbytes`` (the estimate), ``free``,
+    ``groups_per_read``."""
+
+    def __init__(self, message: str, operator: str = "", nbytes: int = 0, free: int = 0, groups_per_read: int = 0):
+        super().__init__(message)
+        self.operator, self.nbytes, self.free, self.groups_per_read = operator, nbytes, free, groups_per_read
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.operator, self.nbytes, self.free, self.groups_per_read))
 
 
 class JobServiceError(StreamlbError, RuntimeError):

@@ -124,6 +124,17 @@ def _exact_by_slices(job, keys: int, step: int = 32) -> bool:
     return seen == keys
 
 
+def _whole_read(job) -> tuple[str, int]:
+    """What a whole ``job.state("totals")`` did (refused, as streamlb does for a frame that
+    would not fit, or read), and the key groups a slice may then take (32 when it was read)."""
+    import streamlb
+
+    try:
+        return f"read ({len(job.state('totals')):,} keys)", 32
+    except streamlb.StateTooLargeError as exc:
+        return f"refused: {exc}", exc.groups_per_read
+
+
 def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory", "rocksdb"),
                   out=sys.stdout) -> dict:
     """A keyed count and sum over ``keys`` distinct keys on 2 workers of ``memory_limit=limit``,
@@ -154,7 +165,8 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
             try:
                 job.wait(timeout=1800, progress=out is sys.stdout)
                 took = time.perf_counter() - t0
-                exact = _exact_by_slices(job, keys)
+                whole, step = _whole_read(job)
+                exact = _exact_by_slices(job, keys, step)
             except Exception as exc:
                 took = time.perf_counter() - t0
                 outcome = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -163,10 +175,12 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
                 watcher.join()
                 job.stop()
         results[backend] = {"outcome": outcome, "seconds": took, "exact": exact,
+                            "whole_read": whole if outcome == "finished" else None,
                             "peak_rss_mib": sorted(round(v / 2**20) for v in peaks.values())}
         rate = f"{keys / took / 1e6:.2f}M rec/s" if outcome == "finished" else "-"
         print(f"{backend}: {outcome} after {took:.1f} s ({rate}); exact: {exact}; peak RSS per worker "
-              f"{results[backend]['peak_rss_mib']} MiB (limit {limit})", file=out, flush=True)
+              f"{results[backend]['peak_rss_mib']} MiB (limit {limit}); a whole job.state read: "
+              f"{results[backend]['whole_read']}", file=out, flush=True)
     return results
 
 

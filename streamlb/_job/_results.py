@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from .. import config
-from ..exceptions import JobReleasedError, PipelineError, StreamlbError
+from .._state._budget import READ_COPIES, fits, free_memory
+from ..exceptions import JobReleasedError, PipelineError, StateTooLargeError, StreamlbError
 from .._plan._model import KEYED_KINDS, Stage
 from .._sinks import Committers
 
@@ -39,6 +40,20 @@ def keyed(job, operator: str, only: str, error: type[StreamlbError] = PipelineEr
     if st.id not in job.tables:
         raise error(f"operator {operator!r} is not keyed; {only}")
     return st
+
+
+def _read_memory() -> int | None:
+    """``streamlb.state.read-memory`` in bytes (None: unset)."""
+    value = config.get("state.read-memory")
+    if value in (None, ""):
+        return None
+    from dask.utils import parse_bytes
+
+    try:
+        return int(parse_bytes(value))
+    except (TypeError, ValueError):
+        raise PipelineError(f"setting streamlb.state.read-memory={value!r}: give a size in bytes, e.g. 512MiB or "
+                            "2GB, or null for what each process has free") from None
 
 
 class Results:
@@ -125,7 +140,10 @@ class Results:
         if key_groups is not None:
             key_groups = self._key_groups(st, key_groups)
         with self._moves_paused(st):
-            parts = [f.result() for f in [a.state(key_groups) for a in self._keyed_state(operator)]]
+            actors = self._keyed_state(operator)
+            estimates = [f.result() for f in [a.state_estimate(key_groups) for a in actors]]
+            self._refuse_too_large(st, key_groups, estimates)
+            parts = [f.result() for f in [a.state(key_groups, e["bytes"]) for a, e in zip(actors, estimates)]]
         # an instance that holds no key knows no column's dtype (its empty frame is float):
         # joined in, it would turn the others' int64 sums, minima and maxima into floats
         parts = [p for p in parts if len(p)] or parts[:1]
@@ -133,6 +151,46 @@ class Results:
             out = pd.concat(parts, ignore_index=True)
             return out.sort_values([st.key_name, "window_start", "window_end"], kind="stable").reset_index(drop=True)
         return pd.concat(parts).sort_index()
+
+    def _refuse_too_large(self, st, key_groups, estimates: list[dict]) -> None:
+        """Raise ``StateTooLargeError`` if the frame an instance would build does not fit in
+        what its worker has free, or their join in what the driver has (``._budget``)."""
+        job = self.job
+        cap = _read_memory()
+        if cap is not None:
+            estimates = [dict(e, free=min(e["free"], cap)) for e in estimates]
+        total = sum(e["bytes"] for e in estimates)
+        here = free_memory() if cap is None else min(free_memory(), cap)
+        # the share of this read that fits everywhere: at most that many key groups a read
+        shares = [e["free"] / (READ_COPIES * e["bytes"]) for e in estimates if e["bytes"]]
+        if total:
+            shares.append(here / (READ_COPIES * total))
+        if not shares or min(shares) >= 1:
+            return
+        asked = job.key_groups if key_groups is None else len(key_groups)
+        per_read = max(int(asked * min(shares) * 0.8), 1)
+        mib = lambda n: f"{n / 2**20:,.0f} MiB"     # noqa: E731
+        worst = min(range(len(estimates)), key=lambda i: (e := estimates[i])["free"] / max(e["bytes"], 1))
+        e = estimates[worst]
+        if fits(e["bytes"], e["free"]):
+            where, nbytes, free = (f"the driver: the {len(estimates)} parts joined are about {mib(total)}",
+                                   total, here)
+        else:
+            where = (f"instance {st.name}[{worst}] on {job.workers_of.get((st.id, worst))}: its {e['rows']:,} rows "
+                     f"are about {mib(e['bytes'])} as a DataFrame, built there")
+            nbytes, free = e["bytes"], e["free"]
+        what = "all of its state" if key_groups is None else f"{len(key_groups)} key groups"
+        if st.kind == "aggregate":
+            how = (f"Read it a slice at a time: job.state({st.name!r}, key_groups=range(a, a + {per_read})) for a in "
+                   f"range(0, {job.key_groups}, {per_read}) (job.state_size({st.name!r}) counts the keys, "
+                   "reading none)")
+        else:
+            how = (f"A {st.kind}'s state is read whole (key_groups= reads an aggregate's): give the workers and the "
+                   "driver more memory, or write what you need with a sink")
+        raise StateTooLargeError(
+            f"job.state({st.name!r}) refused ({what}): it does not fit in {where}, {READ_COPIES}x that while it is "
+            f"built and sent, and {mib(free)} is free there. Nothing was read; the state is intact. {how}.",
+            st.name, nbytes, free, per_read if st.kind == "aggregate" else 0)
 
     @contextlib.contextmanager
     def _moves_paused(self, st):

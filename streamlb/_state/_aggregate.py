@@ -485,6 +485,11 @@ class AggregateState(StateStore):
             counts[sh.lo:sh.hi] += sh.held
         return counts[np.asarray(groups, np.int64)]
 
+    def read_estimate(self, groups=None) -> tuple[int, tuple[str, ...]]:
+        """A row per key: the key, and a number per aggregate."""
+        rows, kinds = super().read_estimate(groups)
+        return rows, (kinds[0], *"f" * len(self.spec))
+
     def key_kind(self) -> str | None:
         """dtype kind of the keys' hash tables: ``"i"``, ``"u"`` or ``"O"``."""
         kinds = [np.dtype(sh.index.dtype).kind for sh in self.shards if sh.index.dtype is not None]

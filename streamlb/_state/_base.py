@@ -221,6 +221,15 @@ class StateStore(abc.ABC):
         numpy.ndarray of int64
         """
 
+    def read_estimate(self, groups=None) -> tuple[int, tuple[str, ...]]:
+        """What a read of the state of key groups ``groups`` (None: all of it) would build:
+        its rows and the numpy dtype kinds of its index and columns (see ``._budget``).
+
+        The default counts a row per key held and every field a Python object; a store
+        whose frame is laid out otherwise says so."""
+        rows = len(self) if groups is None else int(np.sum(self.keys_per_group(np.asarray(list(groups), np.int64))))
+        return rows, (self.key_kind() or "O", "O")
+
     @abc.abstractmethod
     def __len__(self) -> int:
         """Keys held here."""

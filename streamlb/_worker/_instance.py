@@ -586,5 +586,9 @@ class Instance:
     def state_size(self) -> int:
         return self.reads.state_size()
 
-    async def state(self, groups: list[int] | None = None) -> pd.DataFrame:
-        return await self.reads.state(groups)
+    async def state_estimate(self, groups: list[int] | None = None) -> dict:
+        """On the event loop, as every use of the store (a RocksDB one flushes to count)."""
+        return self.reads.state_estimate(groups)
+
+    async def state(self, groups: list[int] | None = None, nbytes: int | None = None) -> pd.DataFrame:
+        return await self.reads.state(groups, nbytes)

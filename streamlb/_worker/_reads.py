@@ -6,8 +6,19 @@ import dataclasses
 import pandas as pd
 
 from .. import config
-from ..exceptions import PipelineError
+from .._state._budget import fits, free_memory, frame_bytes
+from ..exceptions import PipelineError, StateTooLargeError
 from ._lifecycle import Lifecycle
+
+
+def _memory_limit() -> int | None:
+    """This worker's ``memory_limit`` (None: none, or not on a worker)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().memory_manager.memory_limit
+    except (ValueError, AttributeError):
+        return None
 
 
 @dataclasses.dataclass
@@ -52,10 +63,27 @@ class Reads:
     def state_size(self) -> int:
         return len(self.store) if self.store is not None else 0
 
-    async def state(self, groups: list[int] | None = None) -> pd.DataFrame:
+    def state_estimate(self, groups: list[int] | None = None) -> dict:
+        """What :meth:`state` of ``groups`` would build (``rows``, ``bytes``) and the memory
+        this worker has ``free`` for it (see ``streamlb._state._budget``)."""
+        if self.store is None:
+            raise PipelineError(f"{self.stage.name!r} holds no keyed state")
+        rows, kinds = self.store.read_estimate(groups)
+        return {"rows": rows, "bytes": frame_bytes(rows, kinds), "free": free_memory(_memory_limit())}
+
+    async def state(self, groups: list[int] | None = None, nbytes: int | None = None) -> pd.DataFrame:
         """The keyed state held here (of key groups ``groups``, an aggregate's), once no
-        merging lazy move is half done (no key counted twice)."""
+        merging lazy move is half done (no key counted twice). ``nbytes``: the driver's
+        estimate of it, checked again against what is free here now (a read that would not
+        fit raises ``StateTooLargeError`` rather than take the worker down)."""
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
         await self.owner.merged(config.seconds("migration.timeout"), lambda: self.life.phase.live)
+        if nbytes is not None:
+            free = free_memory(_memory_limit())
+            if not fits(nbytes, free):
+                raise StateTooLargeError(
+                    f"state of {self.life.label}: a frame of about {nbytes / 2**20:,.0f} MiB does not fit in the "
+                    f"{free / 2**20:,.0f} MiB this worker has free now; read it by key groups "
+                    f"(job.state(..., key_groups=...))", self.stage.name, nbytes, free)
         return self.store.frame() if groups is None else self.store.frame_of_groups(groups)
