@@ -69,7 +69,9 @@ class Reads:
         if self.store is None:
             raise PipelineError(f"{self.stage.name!r} holds no keyed state")
         rows, kinds = self.store.read_estimate(groups)
-        return {"rows": rows, "bytes": frame_bytes(rows, kinds), "free": free_memory(_memory_limit())}
+        held = self.store.keys_per_group(range(self.store.groups) if groups is None else groups)
+        return {"rows": rows, "bytes": frame_bytes(rows, kinds), "free": free_memory(_memory_limit()),
+                "groups": int((held > 0).sum())}
 
     async def state(self, groups: list[int] | None = None, nbytes: int | None = None) -> pd.DataFrame:
         """The keyed state held here (of key groups ``groups``, an aggregate's), once no
