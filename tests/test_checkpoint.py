@@ -318,13 +318,20 @@ def test_sigkill_at_any_moment_many_examples(cluster3, data, tmp_path_factory, m
 
 @pytest.mark.cluster
 def test_sigkill_with_the_state_in_rocksdb_is_recovered_exactly(cluster3, data, tmp_path):
-    """The aggregate's state in RocksDB: restored from the checkpoint's files on the workers left."""
+    """The aggregate's and the stateful map's state in RocksDB (a database per instance):
+    restored from the checkpoint's files on the workers left."""
+    dbs = tmp_path / "db"
+    seen = set()
+
     def after_a_checkpoint_with_keys(job):
         done = job.checkpoints()
+        seen.update(d.split("-")[0] for d in (os.listdir(dbs) if dbs.exists() else ()))
         return len(done) and done["keys"].iloc[-1] > 0
 
-    rec = _faulty_run(cluster3, data, tmp_path, after_a_checkpoint_with_keys, state_backend="rocksdb")
+    with dask.config.set({"streamlb.state.dir": str(dbs)}):
+        rec = _faulty_run(cluster3, data, tmp_path, after_a_checkpoint_with_keys, state_backend="rocksdb")
     assert rec["restored_keys"] > 0
+    assert seen == {"totals", "running"}
 
 
 @pytest.mark.cluster

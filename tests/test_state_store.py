@@ -269,7 +269,10 @@ class TestRocksAggregateStateBuffered(TestRocksAggregateState):
 
 class TestStatefulMapState(StoreContract):
     def make(self) -> StatefulMapState:
-        return StatefulMapState("smap", running_sum, "k", G)
+        return self.make_with(running_sum, "k")
+
+    def make_with(self, func, key_name: str) -> StatefulMapState:
+        return StatefulMapState("smap", func, key_name, G)
 
     def truth(self, df: pd.DataFrame) -> pd.DataFrame:
         return df.groupby("k")["v"].sum().to_frame("state")
@@ -295,15 +298,37 @@ class TestStatefulMapState(StoreContract):
                 raise ValueError("negative")
             return (state or 0) + 1, None
 
-        store = StatefulMapState("smap", keep, key, G)
+        store = self.make_with(keep, key)
         with pytest.raises(UserFunctionError, match=r"raised ValueError: negative on record .*'lambda': 'd'"):
             store.update(frame)
         want = frame.astype({"at": object}).to_dict("records")
         for r in want:
             r["at"] = r["at"].to_pydatetime()
         assert seen == want and all(type(r["at"]).__name__ == "datetime" for r in seen)
-        assert list(store.states) == ([1, 2] if key == "k" else ["a", "b", "c"])
+        assert sorted(store.frame().index) == ([1, 2] if key == "k" else ["a", "b", "c"])
         assert store.update(frame.iloc[:3]) == [None] * 3
+
+
+class TestRocksStatefulMapState(TestStatefulMapState):
+    """The same contract with the states in RocksDB (``state_backend="rocksdb"``)."""
+
+    @pytest.fixture(autouse=True)
+    def directory(self, tmp_path, monkeypatch):
+        from streamlb._state import _values
+
+        self.dir = str(tmp_path)
+        monkeypatch.setattr(_values, "SCAN_CHUNK", 7)       # scans decoded in many chunks
+
+    def make_with(self, func, key_name: str) -> StatefulMapState:
+        from streamlb._state._values import RocksValues
+
+        return StatefulMapState("smap", func, key_name, G, RocksValues("smap", key_name, G, self.dir))
+
+    def test_make_store_puts_it_in_rocksdb(self):
+        stage = SimpleNamespace(**vars(_stage("stateful_map")), state={"backend": "rocksdb", "dir": self.dir})
+        store = make_store(stage, G)
+        assert type(store.values).__name__ == "RocksValues"
+        assert store.values.path.startswith(self.dir)
 
 
 def _stage(kind: str) -> SimpleNamespace:

@@ -5,9 +5,10 @@ from ._aggregate import AggregateState
 from ._base import StateStore
 from ._stateful_map import StatefulMapState
 
-# Storage backends a store can live in: memory, or RocksDB (aggregates; see ._rocks).
+# Storage backends a store can live in: memory, or RocksDB (aggregates, see ._rocks;
+# stateful maps, on the keyed values of ._values).
 BACKENDS = ("memory", "rocksdb")
-ROCKSDB_KINDS = ("aggregate",)       # what the RocksDB backend holds so far
+ROCKSDB_KINDS = ("aggregate", "stateful_map")       # what the RocksDB backend holds so far
 
 
 def state_directory(configured: str | None) -> str:
@@ -72,7 +73,12 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
     if stage.kind == "aggregate":
         return AggregateState(stage.name, stage.spec, stage.key_name, key_groups)
     if stage.kind == "stateful_map":
-        return StatefulMapState(stage.name, stage.func, stage.key_name, key_groups)
+        values = None
+        if backend == "rocksdb":
+            from ._values import RocksValues
+
+            values = RocksValues(stage.name, stage.key_name, key_groups, state_directory(state.get("dir")))
+        return StatefulMapState(stage.name, stage.func, stage.key_name, key_groups, values)
     if stage.kind == "window":
         from ._window_assigners import assigner_of
         from ._windows import WindowState

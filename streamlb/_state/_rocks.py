@@ -19,58 +19,17 @@ state comes back from the job's checkpoint, never from its local database.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-import weakref
-
 import numpy as np
 import pandas as pd
 
-from ..exceptions import KeyTypeError
 from ._aggregate import AggregateState, frame_of_blob
 from ._base import StateStore
+from ._rocksdb import KeyCodec, delete, delete_groups, open_for, put, runs, scan
 from ._shards import merge_into
 
-_FIXED = np.dtype([("g", ">u4"), ("k", ">u8")])     # a key group and an integer key
-_SIGN = np.uint64(1 << 63)
-CACHE_BYTES = 64 << 20          # block cache per instance
-WRITE_BUFFER = 32 << 20         # memtable size per instance
 SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
 MERGE_CHUNK = 1 << 16           # keys of a batch merged at a time
 BUFFER_KEYS = 1 << 16           # keys the batches add in memory before they go to the database
-
-
-def _open(path: str):
-    from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteOptions
-
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.set_write_buffer_size(WRITE_BUFFER)
-    opts.set_max_write_buffer_number(2)
-    table = BlockBasedOptions()
-    table.set_block_cache(Cache(CACHE_BYTES))
-    table.set_bloom_filter(10, False)       # a new key's look-up skips the files (most keys of a batch)
-    opts.set_block_based_table_factory(table)
-    opts.set_memtable_prefix_bloom_ratio(0.1)
-    opts.set_memtable_whole_key_filtering(True)
-    db = Rdict(path, opts)
-    wo = WriteOptions()
-    wo.disable_wal = True
-    db.set_write_options(wo)
-    return db
-
-
-def _drop(db, path: str) -> None:
-    try:
-        db.close()
-    except Exception:
-        pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _prefix(g: int) -> bytes:
-    return int(g).to_bytes(4, "big")
 
 
 class RocksAggregateState(StateStore):
@@ -84,15 +43,11 @@ class RocksAggregateState(StateStore):
         self.operator, self.spec, self.key_name, self.groups = operator, spec, key_name, key_groups
         # holds no keys: the dtypes, the checks, each batch's own aggregate, partials of split keys
         self.mem = AggregateState(operator, spec, key_name, key_groups)
-        os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, f"{''.join(ch if ch.isalnum() else '_' for ch in operator)[:40]}-"
-                                            f"{uuid.uuid4().hex[:12]}")
-        self.db = _open(self.path)
-        self._closer = weakref.finalize(self, _drop, self.db, self.path)
+        self.db, self.path, self._closer = open_for(self, operator, directory)
         self.held = np.zeros(key_groups, np.int64)       # keys per key group
         self.tables: list[tuple] | None = None           # (table, column) of each value field
         self.row: np.dtype | None = None
-        self.kind: str | None = None                     # "i", "u" or "O" (str)
+        self.codec = KeyCodec(operator, key_name)
         self.buffer: AggregateState | None = None         # see _pending
 
     @property
@@ -111,41 +66,13 @@ class RocksAggregateState(StateStore):
         self._closer()
 
     # -- encoding ------------------------------------------------------------------------------
-    def _encode(self, keys: np.ndarray, groups: np.ndarray) -> list:
-        kind = keys.dtype.kind
-        if self.kind is None:
-            self.kind = "O" if kind in "OUST" else ("u" if kind == "u" else "i")
-        if self.kind == "O":
-            if kind not in "OUST":
-                raise KeyTypeError(f"operator {self.operator!r}: key column {self.key_name!r} held strings "
-                                   f"and now has {keys.dtype} keys; one type of key per operator")
-            out = []
-            for g, k in zip(groups.tolist(), keys.tolist()):
-                if not isinstance(k, str):
-                    raise KeyTypeError(f"operator {self.operator!r}: key {k!r} in column {self.key_name!r} is a "
-                                       f"{type(k).__name__}; with state_backend='rocksdb' keys are integers or "
-                                       "strings")
-                out.append(_prefix(g) + k.encode())
-            return out
-        if kind not in "iub":
-            raise KeyTypeError(f"operator {self.operator!r}: key column {self.key_name!r} has {keys.dtype} keys; "
-                               "with state_backend='rocksdb' keys are integers or strings")
-        rows = np.empty(len(keys), _FIXED)
-        rows["g"] = groups
-        k = keys.astype(np.int64 if self.kind == "i" else np.uint64, copy=False).view(np.uint64)
-        rows["k"] = k ^ _SIGN if self.kind == "i" else k
-        return rows.view("V12").tolist()
+    @property
+    def kind(self) -> str | None:
+        """The keys' type: "i", "u" or "O" (str); None before any key."""
+        return self.codec.kind
 
-    def _decode_keys(self, raw: list) -> tuple[np.ndarray, np.ndarray]:
-        if not raw:
-            return np.empty(0, object if self.kind == "O" else np.int64), np.empty(0, np.int64)
-        if self.kind == "O":
-            groups = np.frombuffer(b"".join(r[:4] for r in raw), ">u4").astype(np.int64)
-            return np.array([bytes(r[4:]).decode() for r in raw], dtype=object), groups
-        rows = np.frombuffer(b"".join(raw), _FIXED)
-        k = rows["k"].astype(np.uint64)
-        keys = (k ^ _SIGN).view(np.int64) if self.kind == "i" else k
-        return keys, rows["g"].astype(np.int64)
+    def _encode(self, keys: np.ndarray, groups: np.ndarray) -> list:
+        return self.codec.encode(keys, groups)
 
     def _layout(self, tables: dict) -> None:
         if self.tables is None:
@@ -268,12 +195,7 @@ class RocksAggregateState(StateStore):
         self._put(raw, self._values(tables, len(keys)))
 
     def _put(self, raw: list, values: list) -> None:
-        from rocksdict import WriteBatch
-
-        wb = WriteBatch(raw_mode=True)
-        for k, v in zip(raw, values):
-            wb.put(k, v)
-        self.db.write(wb)
+        put(self.db, raw, values)
 
     def frame(self, touched: list | None = None) -> pd.DataFrame:
         """State as a DataFrame indexed by key; only the keys a batch touched if given."""
@@ -304,27 +226,12 @@ class RocksAggregateState(StateStore):
     # -- key-group ranges --------------------------------------------------------------------------
     def _runs(self, groups) -> list[tuple[int, int]]:
         """``groups`` as ranges ``[lo, hi)`` of consecutive key groups that hold keys here."""
-        gs = np.unique(np.asarray(groups if isinstance(groups, np.ndarray) else list(groups), np.int64))
-        gs = gs[self.held[gs] > 0] if len(gs) else gs
-        if not len(gs):
-            return []
-        breaks = np.flatnonzero(np.diff(gs) != 1) + 1
-        return [(int(r[0]), int(r[-1]) + 1) for r in np.split(gs, breaks)]
+        return runs(self.held, groups)
 
     def _scan(self, lo: int, hi: int) -> dict:
-        from rocksdict import ReadOptions
-
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix(hi))
-        ro.fill_cache(False)
-        chunks, raw, vals = [], [], []
-        for k, v in self.db.items(from_key=_prefix(lo), read_opt=ro):
-            raw.append(k)
-            vals.append(v)
-            if len(raw) == SCAN_CHUNK:          # decoded as it goes: never a list of every key
-                chunks.append(self._decoded(raw, vals))
-                raw, vals = [], []
-        chunks.append(self._decoded(raw, vals))
+        # decoded as it goes: never a list of every key
+        chunks = [self._decoded(raw, vals) for raw, vals in scan(self.db, lo, hi, SCAN_CHUNK)]
+        chunks = chunks or [self._decoded([], [])]
         if len(chunks) == 1:
             return chunks[0]
         return {"keys": np.concatenate([c["keys"] for c in chunks]),
@@ -332,7 +239,7 @@ class RocksAggregateState(StateStore):
                 "tables": {t: np.concatenate([c["tables"][t] for c in chunks]) for t in chunks[0]["tables"]}}
 
     def _decoded(self, raw: list, vals: list) -> dict:
-        keys, groups = self._decode_keys(raw)
+        keys, groups = self.codec.decode(raw)
         return {"keys": keys, "key_groups": groups, "tables": self._tables_of(vals) if self.tables is not None else {}}
 
     def _blob(self, parts: list) -> dict:
@@ -356,14 +263,12 @@ class RocksAggregateState(StateStore):
         parts = []
         for lo, hi in self._runs(groups):
             parts.append(self._scan(lo, hi))
-            self.db.delete_range(_prefix(lo), _prefix(hi))
+            delete_groups(self.db, lo, hi)
             self.held[lo:hi] = 0
         return self._blob(parts)
 
     def cut_keys(self, keys: np.ndarray, groups: np.ndarray | None = None) -> dict:
         """Take the state of single keys out (those held here)."""
-        from rocksdict import WriteBatch
-
         keys = np.asarray(keys)
         groups = self._groups_of(keys) if groups is None else np.asarray(groups, np.int64)
         self.flush()
@@ -373,11 +278,7 @@ class RocksAggregateState(StateStore):
         old = self.db.get(raw)
         found = np.fromiter((v is not None for v in old), bool, len(old))
         self.mark_dirty(groups[found])
-        wb = WriteBatch(raw_mode=True)
-        for r, hit in zip(raw, found.tolist()):
-            if hit:
-                wb.delete(r)
-        self.db.write(wb)
+        delete(self.db, [r for r, hit in zip(raw, found.tolist()) if hit])
         self.held -= np.bincount(groups[found], minlength=self.groups)
         return self._blob([{"keys": keys[found], "key_groups": groups[found],
                             "tables": self._tables_of([v for v in old if v is not None])}])

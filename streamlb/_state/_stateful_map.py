@@ -9,9 +9,9 @@ import pandas as pd
 
 from .._functions import describe
 from ..exceptions import SchemaError, UserFunctionError
-from ..keygroups import assign_to_key_group
 from ._base import StateStore
 from ._index import factorize_sized, first_rows
+from ._values import KeyedValues, MemoryValues, key_array as _key_array  # noqa: F401 - other stores import it here
 
 
 def _py_values(col: pd.Series) -> list:
@@ -21,12 +21,6 @@ def _py_values(col: pd.Series) -> list:
     if arr.dtype.kind == "M" and np.datetime_data(arr.dtype)[0] in ("us", "ms", "s"):
         return arr.tolist()
     return col.tolist()
-
-
-def _key_array(keys: list) -> np.ndarray:
-    """Python keys as the array the key-group hash takes (strings as objects, not numpy's
-    fixed-width unicode)."""
-    return np.array(keys, dtype=object if keys and isinstance(keys[0], str) else None)
 
 
 class RowFailed(Exception):
@@ -64,43 +58,37 @@ def record_loop(columns: tuple, key_at: int | None, outputs: bool = True) -> Cal
 
 
 class StatefulMapState(StateStore):
-    """Per-key Python state driven by ``func(state, record) -> (state, output)``.
+    """Per-key Python state driven by ``func(state, record) -> (state, output)``, kept in
+    ``values`` (a :class:`~._values.KeyedValues`: in memory by default, or in RocksDB).
 
     :meth:`update` returns the function's outputs, one per row, not what it touched, so
     :meth:`frame` takes no ``touched``. Blobs are ``{"states": {key: state}, "key_groups":
-    int64 array}``, the groups in the order of the states.
+    int64 array}``, the groups in the order of the states, whatever the backend.
     """
 
-    def __init__(self, operator: str, func, key_name: str, key_groups: int) -> None:
+    def __init__(self, operator: str, func, key_name: str, key_groups: int,
+                 values: KeyedValues | None = None) -> None:
         self.operator = operator
         self.groups = key_groups
         self.func = getattr(func, "func", func)   # unwrap UserFunction: one call less per record
         self.key_name = key_name
-        self.states: dict = {}
-        self.by_group: dict[int, set] = {}        # key group -> its keys, so a cut is O(moved)
+        self.values = MemoryValues(key_name, key_groups) if values is None else values
         self._distinct = 0                        # distinct keys of the last batch
 
-    def _index_keys(self, groups: dict) -> None:
-        """Add keys to ``by_group`` (``groups``: key -> its key group)."""
-        by_group = self.by_group
-        for k, g in groups.items():
-            by_group.setdefault(g, set()).add(k)
+    def close(self) -> None:
+        """Give back what the values hold outside the process (a RocksDB database)."""
+        self.values.close()
 
-    def _new_keys(self, column: pd.Series, keys: list, groups: np.ndarray | None) -> dict:
-        """The keys of a batch without state here, with their key groups (hashed, in one
-        vectorised call, only when the caller passed none)."""
-        states = self.states
+    def _distinct_keys(self, column: pd.Series, keys: list, groups: np.ndarray | None) -> tuple[list, list | None]:
+        """The distinct keys of a batch (as Python values, like ``keys``) with their key
+        groups, the group of the first row of each found vectorised rather than with a dict
+        over every row (None without ``groups``: the values hash the keys they need)."""
         if groups is None:
-            new = [k for k in dict.fromkeys(keys) if k not in states]
-            if not new:
-                return {}
-            return dict(zip(new, assign_to_key_group(_key_array(new), self.groups, name=self.key_name).tolist()))
-        # the batch's distinct keys (as Python values, like ``keys``) with the group of the
-        # first row of each, found vectorised rather than with a dict over every row
+            return list(dict.fromkeys(keys)), None
         codes, uniques = factorize_sized(column, self._distinct)
         self._distinct = len(uniques)
         first = first_rows(codes, len(uniques))
-        return {k: g for k, g in zip(uniques.tolist(), np.asarray(groups)[first].tolist()) if k not in states}
+        return uniques.tolist(), np.asarray(groups)[first].tolist()
 
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None, outputs: bool = True) -> list | None:
         """Apply one batch, row by row in order; return the function's output for each row
@@ -116,8 +104,8 @@ class StatefulMapState(StateStore):
         at = frame.columns.get_loc(self.key_name)
         at = at if isinstance(at, int) else None        # (a name given twice: a mask)
         keys = values[at] if at is not None else column.tolist()
-        states, func = self.states, self.func
-        self._index_keys(self._new_keys(column, keys, groups))
+        func = self.func
+        states = self.values.view(*self._distinct_keys(column, keys, groups))
         self.mark_dirty(groups)
         outs: list | None = [] if outputs else None
         try:
@@ -129,78 +117,70 @@ class StatefulMapState(StateStore):
                 f"{type(exc).__name__}: {exc} on record {record!r}",
                 operator=self.operator, function=describe(func), record=record,
             ) from exc
+        finally:
+            self.values.write(states)          # the rows before a failure keep their states
         return outs
 
-    def _held(self, groups: list) -> list:
-        """``(key, key group)`` of each key with state here in ``groups``."""
-        states = self.states
-        return [(k, g) for g in dict.fromkeys(groups) for k in self.by_group.get(g, ()) if k in states]
-
     @staticmethod
-    def _blob(states: dict, groups: list) -> dict:
+    def _blob(taken: tuple[dict, list]) -> dict:
+        states, groups = taken
         return {"states": states, "key_groups": np.array(groups, np.int64)}
 
     def cut(self, groups) -> dict:
         """Take the state of the keys in ``groups`` out, as a picklable blob."""
         groups = [int(g) for g in groups]
         self.mark_dirty(groups)
-        held = self._held(groups)
-        for g in groups:
-            self.by_group.pop(g, None)
-        states = self.states
-        return self._blob({k: states.pop(k) for k, _ in held}, [g for _, g in held])
+        return self._blob(self.values.cut(groups))
 
     def snapshot(self, groups) -> dict:
-        """The blob :meth:`cut` would give for ``groups``; the states stay (shared, not
-        copied: a function must return a new state rather than change the old one)."""
-        held = self._held([int(g) for g in groups])
-        return self._blob({k: self.states[k] for k, _ in held}, [g for _, g in held])
+        """The blob :meth:`cut` would give for ``groups``; the states stay (in memory shared,
+        not copied: a function must return a new state rather than change the old one)."""
+        return self._blob(self.values.snapshot([int(g) for g in groups]))
 
     def cut_keys(self, keys, groups=None) -> dict:
         """Take the state of single keys out (those held here)."""
-        states, out, out_groups = self.states, {}, []
         keys = np.asarray(keys).tolist()
+        if groups is not None:
+            groups = np.asarray(groups).tolist()
+            self.mark_dirty(groups)
+        taken = self.values.cut_keys(keys, groups)
         if groups is None:
-            groups = assign_to_key_group(_key_array(keys), self.groups, name=self.key_name) if keys else []
-        self.mark_dirty(groups)
-        for k, g in zip(keys, np.asarray(groups).tolist()):
-            if k in states:
-                out[k] = states.pop(k)
-                out_groups.append(g)
-                self.by_group.get(g, set()).discard(k)
-        return self._blob(out, out_groups)
+            self.mark_dirty(taken[1])
+        return self._blob(taken)
 
     def contains(self, keys, groups=None) -> np.ndarray:
-        """Whether each key has state here (a dict lookup: ``groups`` are not needed)."""
-        states = self.states
-        return np.fromiter((k in states for k in np.asarray(keys).tolist()), bool, len(keys))
+        """Whether each key has state here."""
+        return self.values.contains(np.asarray(keys).tolist(), None if groups is None else np.asarray(groups).tolist())
 
     def install(self, blob: dict) -> None:
         """Add the states of a blob; its keys' groups travel with it, so nothing is hashed."""
-        states = self.states
         self.mark_dirty(blob["key_groups"])
-        self._index_keys({k: g for k, g in zip(blob["states"], blob["key_groups"].tolist()) if k not in states})
-        states.update(blob["states"])
+        self.values.install(blob["states"], blob["key_groups"].tolist())
 
     def __len__(self) -> int:
-        return len(self.states)
+        return len(self.values)
 
     def keys_per_group(self, groups) -> np.ndarray:
         """Keys held here of each key group of ``groups``."""
-        return np.array([len(self.by_group.get(int(g), ())) for g in groups], np.int64)
+        return self.values.keys_per_group(groups)
 
     def key_kind(self) -> str | None:
         """dtype kind of the keys as the key-group hash sees them (strings: ``"O"``), from
         one key: a key column holds one type."""
-        if not self.states:
-            return None
-        return _key_array([next(iter(self.states))]).dtype.kind
+        return self.values.key_kind()
+
+    def _frame(self, keys: list, states: list) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"state": pd.Series(states, dtype=object)},
+        ).set_axis(pd.Index(keys, name=self.key_name))
 
     def frame(self, touched: None = None) -> pd.DataFrame:
         """Each key's state, in a column ``state``; ``touched`` must be None (see the class)."""
         if touched is not None:
             raise TypeError(f"operator {self.operator!r}: a stateful map's frame takes no touched keys")
-        keys = list(self.states)
-        return pd.DataFrame(
-            {"state": pd.Series(list(self.states.values()), dtype=object)},
-        ).set_axis(pd.Index(keys, name=self.key_name))
+        return self._frame(*self.values.items())
+
+    def frame_of_groups(self, groups) -> pd.DataFrame:
+        """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
+        states = self.values.snapshot([int(g) for g in groups])[0]
+        return self._frame(list(states), list(states.values()))
