@@ -1,7 +1,9 @@
 """Two commits side by side in one sitting: ``benchmarks.jobs`` run alternately with the
 ``streamlb`` of each (issue 27's "at the parent commit, measured in the same run").
 
-``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]``
+``python asv_bench/ab.py BASE [HEAD] --op stateful_map --rounds 3 [--rows N] [--rate R]
+[--state-backend B [--base-state-backend B0]]`` (with BASE and HEAD one commit, e.g.
+``HEAD --base-state-backend memory --state-backend rocksdb``: the two backends side by side)
 (or ``--bench migration --strategy lazy [--batch N] [--moves K --save F]`` for
 ``benchmarks.migration``, K moves a run whose figures go to the JSON lines of F, or
 ``--bench nexmark --query q12`` for ``benchmarks.nexmark``'s streamlb runs, or ``--bench
@@ -121,6 +123,10 @@ def main(argv=None) -> None:
     p.add_argument("--runs", default=None,
                    help="runs per process, their median the round's figure (default 3 jobs and nexmark; 1 migration)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--state-backend", default=None, choices=["memory", "rocksdb"],
+                   help="jobs: the runs' state backend (HEAD's, and BASE's unless --base-state-backend)")
+    p.add_argument("--base-state-backend", default=None, choices=["memory", "rocksdb"],
+                   help="jobs: BASE's state backend")
     p.add_argument("--bench", default="jobs", choices=["jobs", "migration", "nexmark", "throughput"],
                    help="jobs: benchmarks.jobs (records/s, p99); migration: benchmarks.migration; "
                         "nexmark: benchmarks.nexmark (one query's events/s); throughput: the asv "
@@ -145,11 +151,12 @@ def main(argv=None) -> None:
     a.runs = a.runs or "3"
     job = ["--op", a.op, "--rows", a.rows, "--runs", a.runs] + (["--rate", a.rate] if a.rate else [])
     trees = {"base": tree(a.base), "head": tree(a.head)}
+    backends = {"head": a.state_backend, "base": a.base_state_backend or a.state_backend}
     speed, p99 = [], []
     for r in range(a.rounds):
         fig = {}
         for name in (("base", "head") if r % 2 == 0 else ("head", "base")):
-            got = runs(trees[name], job)
+            got = runs(trees[name], job + (["--state-backend", backends[name]] if backends[name] else []))
             fig[name] = (statistics.median(x["records_per_second"] for x in got),
                          statistics.median(x["p99_ms"] for x in got))
             each = "; ".join(f"{x['seconds']:.3f} s {x['records_per_second'] / 1e6:.2f}M rec/s "

@@ -1,12 +1,13 @@
 """The data-path jobs of issue 27 as one command, for comparing commits in one sitting.
 
-``python -m benchmarks.jobs --op aggregate|stateful_map [--rows N] [--rate R] [--runs K]``
-(from ``asv_bench/``) starts 2 worker processes, runs the job once to warm up and then
-``--runs`` times at streamlb's defaults, and prints one JSON line per run: seconds from
-``run()`` to ``wait()``'s return, records/s, and the p99 and maximum of the records'
-latency (from every instance's latency histogram). ``--rate`` reads the log open loop at
-that many records/s in all (the sources' ``rate=``) instead of as fast as it goes. Each
-run's result is checked against pandas.
+``python -m benchmarks.jobs --op aggregate|stateful_map [--rows N] [--rate R] [--runs K]
+[--state-backend memory|rocksdb]`` (from ``asv_bench/``) starts 2 worker processes, runs
+the job once to warm up and then ``--runs`` times at streamlb's defaults, and prints one JSON
+line per run: seconds from ``run()`` to ``wait()``'s return, records/s, and the p99 and
+maximum of the records' latency (from every instance's latency histogram). ``--rate`` reads
+the log open loop at that many records/s in all (the sources' ``rate=``) instead of as fast
+as it goes; ``--state-backend`` runs it with ``run(state_backend=...)`` (default: the
+setting's). Each run's result is checked against pandas.
 
 It uses only the public API, so ``asv_bench/ab.py`` can run it with the ``streamlb`` of
 another commit on ``PYTHONPATH``.
@@ -48,14 +49,14 @@ def build(path: str, op: str, rate: float | None = None):
     return src
 
 
-def run_once(client, path: str, op: str, rate: float | None = None) -> dict:
+def run_once(client, path: str, op: str, rate: float | None = None, backend: str | None = None) -> dict:
     """One run: seconds, records/s, latency p99 and max (ms), and the state."""
     import streamlb
     from streamlb import latency
 
     src = build(path, op, rate)
     t0 = time.perf_counter()
-    job = streamlb.run(src, client=client)
+    job = streamlb.run(src, client=client, **({"state_backend": backend} if backend else {}))
     try:
         job.wait()
         took = time.perf_counter() - t0
@@ -95,16 +96,18 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=5_000_000)
     p.add_argument("--rate", type=float, default=None)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--state-backend", choices=("memory", "rocksdb"), default=None)
     a = p.parse_args(argv)
     path = zipf_dataset(a.rows, KEYS, SKEW, 16 if a.rows >= 40_000_000 else 8)
     want = truth(path)
     cl, client = cluster(2)
     with cl, client:
-        run_once(client, path, a.op, a.rate)                 # warm-up
+        run_once(client, path, a.op, a.rate, a.state_backend)                 # warm-up
         for i in range(a.runs):
-            r = run_once(client, path, a.op, a.rate)
+            r = run_once(client, path, a.op, a.rate, a.state_backend)
             check(r.pop("state"), want, a.op)
-            r.update(run=i, op=a.op, rows=a.rows, rate=a.rate, records_per_second=a.rows / r["seconds"])
+            r.update(run=i, op=a.op, rows=a.rows, rate=a.rate, state_backend=a.state_backend,
+                     records_per_second=a.rows / r["seconds"])
             print(json.dumps(r), flush=True)
 
 
