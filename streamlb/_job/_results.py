@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .. import config
-from .._state._budget import READ_COPIES, fits, free_memory
+from .._state._budget import DRIVER_COPIES, WORKER_COPIES, fits, free_memory
 from ..exceptions import JobReleasedError, PipelineError, StateTooLargeError, StreamlbError
 from .._plan._model import KEYED_KINDS, Stage
 from .._sinks import Committers
@@ -161,23 +161,24 @@ class Results:
             estimates = [dict(e, free=min(e["free"], cap)) for e in estimates]
         total = sum(e["bytes"] for e in estimates)
         here = free_memory() if cap is None else min(free_memory(), cap)
-        if all(fits(e["bytes"], e["free"]) for e in estimates) and fits(total, here):
+        if all(fits(e["bytes"], e["free"], WORKER_COPIES) for e in estimates) and fits(total, here, DRIVER_COPIES):
             return
         # a slice of key groups may all be held by one instance: what one of its groups costs
         # there bounds the slice, and the densest instance's bounds it in the driver too
         per_group = [e["bytes"] / max(e["groups"], 1) for e in estimates]
-        room = [e["free"] / (READ_COPIES * b) for e, b in zip(estimates, per_group) if b]
-        room.append(here / (READ_COPIES * max(per_group)) if max(per_group) else job.key_groups)
+        room = [e["free"] / (WORKER_COPIES * b) for e, b in zip(estimates, per_group) if b]
+        room.append(here / (DRIVER_COPIES * max(per_group)) if max(per_group) else job.key_groups)
         per_read = min(max(int(min(room) * 0.8), 1), job.key_groups)
         mib = lambda n: f"{n / 2**20:,.0f} MiB"     # noqa: E731
         worst = min(range(len(estimates)), key=lambda i: (e := estimates[i])["free"] / max(e["bytes"], 1))
         e = estimates[worst]
-        if fits(e["bytes"], e["free"]):
-            where, nbytes, free = (f"the driver would join {len(estimates)} parts of about {mib(total)} in all",
-                                   total, here)
+        if fits(e["bytes"], e["free"], WORKER_COPIES):
+            where, nbytes, free = (f"the driver would join {len(estimates)} parts of about {mib(total)} in all, "
+                                   f"and {DRIVER_COPIES}x that (the parts and their join)", total, here)
         else:
             where = (f"instance {st.name}[{worst}] on {job.workers_of.get((st.id, worst))} would build a frame of "
-                     f"{e['rows']:,} rows, about {mib(e['bytes'])}")
+                     f"{e['rows']:,} rows, about {mib(e['bytes'])}, and {WORKER_COPIES}x that while it is built and "
+                     "sent")
             nbytes, free = e["bytes"], e["free"]
         what = "all of its state" if key_groups is None else f"{len(key_groups)} key groups"
         if st.kind == "aggregate":
@@ -188,8 +189,8 @@ class Results:
             how = (f"A {st.kind}'s state is read whole (key_groups= reads an aggregate's): give the workers and the "
                    "driver more memory, or write what you need with a sink")
         raise StateTooLargeError(
-            f"job.state({st.name!r}) refused ({what}): {where}, and {READ_COPIES}x that while it is built and sent "
-            f"does not fit in the {mib(free)} free there. Nothing was read; the state is intact. {how}.",
+            f"job.state({st.name!r}) refused ({what}): {where} does not fit in the {mib(free)} free there. "
+            f"Nothing was read; the state is intact. {how}.",
             st.name, nbytes, free, per_read if st.kind == "aggregate" else 0)
 
     @contextlib.contextmanager

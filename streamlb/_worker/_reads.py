@@ -6,7 +6,7 @@ import dataclasses
 import pandas as pd
 
 from .. import config
-from .._state._budget import fits, free_memory, frame_bytes
+from .._state._budget import WORKER_COPIES, fits, free_memory, frame_bytes
 from ..exceptions import PipelineError, StateTooLargeError
 from ._lifecycle import Lifecycle
 
@@ -83,9 +83,10 @@ class Reads:
         await self.owner.merged(config.seconds("migration.timeout"), lambda: self.life.phase.live)
         if nbytes is not None:
             free = free_memory(_memory_limit())
-            if not fits(nbytes, free):
+            if not fits(nbytes, free, WORKER_COPIES):
                 raise StateTooLargeError(
-                    f"state of {self.life.label}: a frame of about {nbytes / 2**20:,.0f} MiB does not fit in the "
-                    f"{free / 2**20:,.0f} MiB this worker has free now; read it by key groups "
+                    f"state of {self.life.label}: a frame of about {nbytes / 2**20:,.0f} MiB, {WORKER_COPIES}x that "
+                    f"while it is built and sent, does not fit in the {free / 2**20:,.0f} MiB this worker has free "
+                    "now; read it by key groups "
                     f"(job.state(..., key_groups=...))", self.stage.name, nbytes, free)
         return self.store.frame() if groups is None else self.store.frame_of_groups(groups)
