@@ -318,6 +318,7 @@ class TestRocksStatefulMapState(TestStatefulMapState):
 
         self.dir = str(tmp_path)
         monkeypatch.setattr(_values, "SCAN_CHUNK", 7)       # scans decoded in many chunks
+        monkeypatch.setattr(_values, "CACHE_KEYS", 5)       # batches go to the database mid-stream too
 
     def make_with(self, func, key_name: str) -> StatefulMapState:
         from streamlb._state._values import RocksValues
@@ -329,6 +330,14 @@ class TestRocksStatefulMapState(TestStatefulMapState):
         store = make_store(stage, G)
         assert type(store.values).__name__ == "RocksValues"
         assert store.values.path.startswith(self.dir)
+
+
+class TestRocksStatefulMapStateCached(TestRocksStatefulMapState):
+    """The same with the default cache: batches stay in memory until a read flushes them."""
+
+    @pytest.fixture(autouse=True)
+    def directory(self, tmp_path):
+        self.dir = str(tmp_path)
 
 
 def _stage(kind: str) -> SimpleNamespace:

@@ -17,6 +17,7 @@ def make(request, tmp_path, monkeypatch):
 
     monkeypatch.setattr(_values, "SCAN_CHUNK", 5)         # scans in many chunks
     monkeypatch.setattr(_values, "WRITE_CHUNK", 3)        # installs in many write batches
+    monkeypatch.setattr(_values, "CACHE_KEYS", 10)        # batches go to the database mid-stream
     if request.param == "memory":
         return lambda: MemoryValues("k", G)
     return lambda: RocksValues("op", "k", G, str(tmp_path))
@@ -112,6 +113,8 @@ def test_rocksdb_keeps_a_key_group_as_one_range_and_its_files_until_closed(tmp_p
 
     values = RocksValues("op", "k", G, str(tmp_path))
     _apply(values, stream)
+    values.flush()
+    assert not values.cache
     groups = [int.from_bytes(bytes(k[:4]), "big") for k in values.db.keys()]
     assert groups == sorted(groups) and set(groups) == set(np.flatnonzero(values.held).tolist())
     assert os.listdir(values.path)

@@ -21,6 +21,7 @@ from ._rocksdb import KeyCodec, delete, delete_groups, open_for, put, runs, scan
 
 SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
 WRITE_CHUNK = 1 << 16           # keys installed a write batch
+CACHE_KEYS = 1 << 16            # values a RocksDB one keeps in memory between writes
 
 
 def key_array(keys: list) -> np.ndarray:
@@ -179,14 +180,21 @@ class MemoryValues(KeyedValues):
 
 class RocksValues(KeyedValues):
     """In a RocksDB database of its own (see ``._rocksdb``: key group first), values
-    pickled. ``held`` counts the keys of each key group."""
+    pickled. ``held`` counts the keys of each key group.
+
+    The values a batch read or set stay in memory (``cache``, which is the view: a batch's
+    keys already there cost nothing more than in memory) until ``CACHE_KEYS`` keys are
+    there, or anything reads or moves the state: then they all go to the database, in one
+    write batch (``flush``)."""
 
     def __init__(self, operator: str, key_name: str, key_groups: int, directory: str) -> None:
         super().__init__(key_name, key_groups)
         self.db, self.path, self._closer = open_for(self, operator, directory)
         self.codec = KeyCodec(operator, key_name)
         self.held = np.zeros(key_groups, np.int64)
-        self._open: tuple | None = None          # (keys, groups, raw keys, found) of the last view
+        self.cache: dict = {}                    # key -> value, to be written
+        self.raw: dict = {}                      # key -> its database key, of the cache's keys
+        self._open: tuple | None = None          # (keys, groups, found) the last view read
 
     def close(self) -> None:
         """Close the database and remove its files."""
@@ -201,27 +209,45 @@ class RocksValues(KeyedValues):
         return groups, raw, self.db.get(raw)
 
     def view(self, keys: list, groups: list | None) -> dict:
+        """The cache, with the values of the keys it lacks read from the database."""
+        cache = self.cache
+        if groups is None:
+            keys = [k for k in keys if k not in cache]
+        else:
+            missed = [(k, g) for k, g in zip(keys, groups) if k not in cache]
+            keys, groups = [k for k, _ in missed], [g for _, g in missed]
         groups, raw, old = self._get(keys, groups)
         loads = pickle.loads
-        view = {k: loads(v) for k, v in zip(keys, old) if v is not None}
-        self._open = (keys, groups, raw, [v is not None for v in old])
-        return view
+        self.raw.update(zip(keys, raw))
+        cache.update((k, loads(v)) for k, v in zip(keys, old) if v is not None)
+        self._open = (keys, groups, [v is not None for v in old])
+        return cache
 
     def write(self, view: dict) -> None:
+        """Count the keys new to the key groups (a key a failed batch never reached is
+        forgotten); flush a full cache."""
         if self._open is None:
             return
-        (keys, groups, raw, found), self._open = self._open, None
-        dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
-        new, out_raw, out = [], [], []
-        for k, g, r, f in zip(keys, groups, raw, found):
-            if k in view:
-                out_raw.append(r)
-                out.append(dumps(view[k], proto))
-                if not f:
+        (keys, groups, found), self._open = self._open, None
+        cache, new = self.cache, []
+        for k, g, f in zip(keys, groups, found):
+            if not f:
+                if k in cache:
                     new.append(g)
-        put(self.db, out_raw, out)
+                else:
+                    del self.raw[k]
         if new:
             self.held += np.bincount(new, minlength=self.groups)
+        if len(cache) >= CACHE_KEYS:
+            self.flush()
+
+    def flush(self) -> None:
+        """The cache to the database: one write batch, in the database's order."""
+        if self.cache:
+            dumps, proto, raw = pickle.dumps, pickle.HIGHEST_PROTOCOL, self.raw
+            rows = sorted((raw[k], dumps(v, proto)) for k, v in self.cache.items())
+            put(self.db, [r for r, _ in rows], [v for _, v in rows])
+            self.cache, self.raw = {}, {}
 
     def _read(self, lo: int, hi: int):
         """``(keys, groups, values)`` of key groups ``[lo, hi)``, a chunk at a time."""
@@ -231,6 +257,7 @@ class RocksValues(KeyedValues):
             yield keys.tolist(), groups.tolist(), [loads(v) for v in vals]
 
     def snapshot(self, groups) -> tuple[dict, list]:
+        self.flush()
         out, out_groups = {}, []
         for lo, hi in runs(self.held, groups):
             for keys, gs, vals in self._read(lo, hi):
@@ -246,6 +273,7 @@ class RocksValues(KeyedValues):
         return out, out_groups
 
     def cut_keys(self, keys: list, groups: list | None) -> tuple[dict, list]:
+        self.flush()
         if not keys or self.codec.kind is None:
             return {}, []
         groups, raw, old = self._get(keys, groups)
@@ -258,6 +286,7 @@ class RocksValues(KeyedValues):
         return {keys[i]: loads(old[i]) for i in hit}, out_groups
 
     def install(self, values: dict, groups: list) -> None:
+        self.flush()
         keys, groups = list(values), list(groups)
         dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
         for a in range(0, len(keys), WRITE_CHUNK):
@@ -269,6 +298,7 @@ class RocksValues(KeyedValues):
                 self.held += np.bincount(new, minlength=self.groups)
 
     def contains(self, keys: list, groups: list | None) -> np.ndarray:
+        self.flush()
         if not keys or self.codec.kind is None:
             return np.zeros(len(keys), bool)
         return np.fromiter((v is not None for v in self._get(keys, groups)[2]), bool, len(keys))
@@ -277,6 +307,7 @@ class RocksValues(KeyedValues):
         return self.held[np.asarray(groups, np.int64)]
 
     def items(self) -> tuple[list, list]:
+        self.flush()
         keys, vals = [], []
         for k, _, v in self._read(0, self.groups):
             keys += k
