@@ -203,8 +203,9 @@ def test_stateful_map_cut_and_install():
 
     g = set(assign_to_key_group(np.arange(20), 8)[:3].tolist())
     b.install(a.cut(g))
-    assert set(a.states) | set(b.states) == set(range(20)) and not set(a.states) & set(b.states)
-    assert set(assign_to_key_group(np.array(list(b.states)), 8).tolist()) <= g
+    ka, kb = set(a.frame().index), set(b.frame().index)
+    assert ka | kb == set(range(20)) and not ka & kb
+    assert set(assign_to_key_group(np.array(list(kb)), 8).tolist()) <= g
 
 
 @settings(max_examples=50, deadline=None)
