@@ -262,10 +262,14 @@ def test_a_held_group_of_a_join_or_a_process_waits_past_the_end_of_the_inputs():
     assert new.advance(MAX_TIME) == [] and len(new) == 0       # matched: dropped, not emitted
 
     proc = ProcessState("p", (None, None), "key", GROUPS, {"unit": None})
-    ctx = proc.context(3)
+    proc.open([3], [g])
+    ctx = proc.context(3, g)
     ctx.timer(pd.Timestamp(1_000, unit="ms"))
     proc.settle(3, g, ctx)
+    proc.write()
     proc.hold(1, [g])
     assert proc.due(MAX_TIME) == []
+    proc.write()
     proc.end()
     assert proc.due(MAX_TIME) == [(1_000 * 10 ** 6, 3)]
+    proc.write()

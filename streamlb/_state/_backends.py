@@ -6,9 +6,10 @@ from ._base import StateStore
 from ._stateful_map import StatefulMapState
 
 # Storage backends a store can live in: memory, or RocksDB (aggregates, see ._rocks;
-# stateful maps, on the keyed values of ._values).
+# stateful maps and process, on the keyed values of ._values).
 BACKENDS = ("memory", "rocksdb")
-ROCKSDB_KINDS = ("aggregate", "stateful_map")       # what the RocksDB backend holds so far
+ROCKSDB_KINDS = ("aggregate", "stateful_map", "process")   # what the RocksDB backend holds so far
+# (process(batch=True) keeps its table in memory)
 
 
 def state_directory(configured: str | None) -> str:
@@ -108,6 +109,12 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
         from ._process import ProcessState
         from ._process_table import TableState
 
-        store = TableState if stage.process.get("batch") else ProcessState      # process(batch=True): a table
-        return store(stage.name, stage.func, stage.key_name, key_groups, stage.process)
+        if stage.process.get("batch"):          # process(batch=True): a table, in memory
+            return TableState(stage.name, stage.func, stage.key_name, key_groups, stage.process)
+        values = None
+        if backend == "rocksdb":
+            from ._process import RocksEntries
+
+            values = RocksEntries(stage.name, stage.key_name, key_groups, state_directory(state.get("dir")))
+        return ProcessState(stage.name, stage.func, stage.key_name, key_groups, stage.process, values)
     return None

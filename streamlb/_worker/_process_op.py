@@ -50,22 +50,28 @@ class ProcessOperator(OnEventTime):
         ctx.meter.blocked = 0.0
         t1 = time.perf_counter()
         outs, dicts = [], []
-        for key, g, rows in store.update(frame, groups):
-            c = store.context(key)
-            self._call("func", store.func, key, rows, c, outs, dicts)
-            store.settle(key, g, c)
+        try:
+            for key, g, rows in store.update(frame, groups):      # one view of the batch's keys
+                c = store.context(key, g)
+                self._call("func", store.func, key, rows, c, outs, dicts)
+                store.settle(key, g, c)
+        finally:
+            store.write()                   # one write; what was set before a raise stays
         applied = time.time()
         await self._emit(outs, dicts, emitted)
         ctx.meter.account(n, time.perf_counter() - t1 - ctx.meter.blocked, (applied - emitted) * 1e3)
 
     async def on_watermark(self, watermark: int, made_at: float) -> None:
         store, outs, dicts = self.store, [], []
-        for t, key in store.due(watermark):
-            if store.on_timer is None:
-                continue
-            c = store.context(key)
-            self._call("on_timer", store.on_timer, key, store.from_ns(t), c, outs, dicts)
-            store.settle(key, store.group_of[key], c)
+        try:
+            for t, key in store.due(watermark):                  # one view of the due keys
+                g = store.due_groups[key]
+                c = store.context(key, g)
+                if store.on_timer is not None:
+                    self._call("on_timer", store.on_timer, key, store.from_ns(t), c, outs, dicts)
+                store.settle(key, g, c)
+        finally:
+            store.write()
         await self._emit(outs, dicts, made_at)
 
     async def _emit(self, outs: list, dicts: list, emitted: float) -> None:
