@@ -172,6 +172,36 @@ def test_a_split_idle_for_idle_timeout_holds_nothing_back():
     assert clock.watermark({"a", "b"}, now + 6, waiting={"b"}) == (38 * S, False)
 
 
+def test_a_split_is_not_idle_while_the_job_holds_its_source_back():
+    """A source held back by the job (a batch blocked on credits while a move holds a join's
+    rows, or batches going out behind their pace on a loaded machine) leaves its other
+    splits unsent meanwhile: that is no idleness. Counted as such, a 6 s stall made them
+    idle, the watermark jumped to the split sent, and their next rows were late (the
+    autoflow join test lost hundreds of rows so, on a loaded 2-core machine)."""
+    from streamlb._worker._watermarks import SplitClock
+
+    clock = SplitClock({"column": "t", "unit": "s", "delay": 2 * S, "idle_timeout": 5 * S}, "src")
+    t0 = clock.started
+    for split, t in (("a", 100), ("b", 40)):
+        clock.current = split
+        clock.sending(t0, late=False)
+        clock.observe(pd.DataFrame({"t": [t - 1, t]}), dead=None)
+        clock.last[split] = t0
+        clock.sent(t0)
+    clock.current = "a"                     # a batch of a, blocked 6 s on its way out
+    clock.sending(t0 + 1, late=False)
+    clock.observe(pd.DataFrame({"t": [101]}), dead=None)
+    clock.last["a"] = t0 + 1
+    clock.sent(t0 + 7)
+    assert clock.watermark({"a", "b"}, t0 + 7) == (38 * S, False)          # b is not idle
+    clock.sending(t0 + 9, late=True)        # the next went out 2 s behind its pace
+    clock.last["a"] = t0 + 9
+    clock.sent(t0 + 9)
+    assert clock.watermark({"a", "b"}, t0 + 9) == (38 * S, False)
+    # on pace again, b silent 5 s of its own: idle
+    assert clock.watermark({"a", "b"}, t0 + 14.5) == (99 * S, False)
+
+
 def _stamp(frame):
     import time
 

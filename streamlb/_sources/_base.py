@@ -196,8 +196,10 @@ class SplitReader(ABC):
         return dict(self._read)
 
     def idle(self) -> set[str]:
-        """Splits with nothing left to hand out (for a bounded source: read to their end)."""
-        return {s for s in self._ended if s not in self._ahead}
+        """Splits with nothing left to hand out (for a bounded source: read to their end).
+        Called on the event loop while the thread reading ahead may add to the sets: a copy
+        first (one call, atomic under the GIL), or the iteration could fail."""
+        return {s for s in list(self._ended) if s not in self._ahead}
 
     def waiting(self) -> set[str]:
         """Splits known to have rows not handed out yet: the watermark never takes them for

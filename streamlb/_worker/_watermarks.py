@@ -32,6 +32,14 @@ class SplitClock:
         self.last: dict[str, float] = {}        # split -> when it last emitted (processing time)
         self.current = "_"                      # the split of the batch being emitted
         self.started = time.time()              # a split that never emitted is idle from then
+        # seconds the job held this source back (a batch on its way out, blocked on credits
+        # or the CPU; batches due that went out late): no split is idle for that time, or a
+        # stall of the job (a move holding a join's rows) made the splits not sent meanwhile
+        # idle and their next rows late
+        self.held = 0.0
+        self.held_at: dict[str, float] = {}     # split -> ``held`` when it last emitted
+        self.sending_since: float | None = None
+        self.free_at = self.started             # when the last batch had gone out
 
     def observe(self, frame: pd.DataFrame, dead) -> pd.DataFrame:
         """The watermark step: note the batch's event times; rows without one go to the
@@ -55,7 +63,26 @@ class SplitClock:
             s = self.current
             self.top[s] = max(self.top.get(s, MIN_TIME), top)
         self.last[self.current] = time.time()
+        self.held_at[self.current] = self.held
         return frame
+
+    def sending(self, now: float, late: bool) -> None:
+        """A batch starts going out at ``now``; ``late``: it was due before (the source did
+        not wait for its pace since the last one: the job held it back meanwhile)."""
+        if late:
+            self.held += max(now - self.free_at, 0.0)
+        self.sending_since = now
+
+    def sent(self, now: float) -> None:
+        """The batch being sent has gone out: the time it took held the source back."""
+        if self.sending_since is not None:
+            self.held += max(now - self.sending_since, 0.0)
+            self.sending_since = None
+        self.free_at = now
+
+    def quiet(self, split: str, now: float) -> float:
+        """Seconds ``split`` has emitted nothing while the job did not hold the source back."""
+        return now - self.last.get(split, self.started) - (self.held - self.held_at.get(split, 0.0))
 
     def watermark(self, live: set[str], now: float, may_idle: bool = True,
                   waiting=frozenset()) -> tuple[int, bool]:
@@ -67,7 +94,7 @@ class SplitClock:
         split in ``waiting``, whose reader knows it has rows not handed out yet (a Kafka
         partition behind its broker's high watermark). ``waiting`` is a set, or a function
         giving it, called only when some split would go idle (not once per batch)."""
-        stale = {s for s in live if may_idle and now - self.last.get(s, self.started) > self.idle_timeout}
+        stale = {s for s in live if may_idle and self.quiet(s, now) > self.idle_timeout}
         if stale and callable(waiting):
             waiting = waiting()
         active = [s for s in live if s not in stale or s in waiting]
@@ -104,13 +131,16 @@ class Watermarks:
 
     # -- a source -------------------------------------------------------------------------------
     def observe(self, frame):
-        self.clock.current = self.inst.source.split_now
+        src = self.inst.source
+        self.clock.current = src.split_now
+        self.clock.sending(time.time(), src.lag > 0)
         return self.clock.observe(frame, lambda rows, why: self.inst.dead.add(self.inst.stage.name, rows, why))
 
     async def source_tick(self) -> None:
         """After a batch, or now and then: the source's watermark."""
         src = self.inst.source
         now = time.time()
+        self.clock.sent(now)
         live = src.reader is not None and src.reader.live      # a source that waits for data
         wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate) or live,
                                         waiting=src.reader.waiting if live else frozenset())
@@ -119,7 +149,7 @@ class Watermarks:
     async def ticker(self) -> None:
         """A source's idleness shows even when it emits nothing (counted from now: the
         source starts)."""
-        self.clock.started = time.time()
+        self.clock.started = self.clock.free_at = time.time()
         every = min(max(self.clock.idle_timeout / 4, 0.05), 1.0)
         while True:
             await asyncio.sleep(every)
