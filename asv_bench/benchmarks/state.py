@@ -223,6 +223,74 @@ def checkpoints(rows: int = 5_000_000, keys: int = 2_000_000, runs: int = 2, out
     return result
 
 
+def incremental_share(keys: int = 2_000_000, share: float = 0.01, backend: str = "rocksdb",
+                      out=sys.stdout) -> dict:
+    """Bytes of an incremental checkpoint where ``share`` of the key groups changed, against
+    a full one: a keyed count and sum on 2 workers, ``checkpoint_interval=1s``, reading a
+    watched directory; a first file of ``keys`` uniform keys (every group changes: the
+    checkpoints after it write the whole state), then, once a checkpoint covered it, a file
+    of as many rows whose keys fall in ``share`` of the key groups. Returns the full and the
+    incremental checkpoint's ``bytes_written``, their ratio, and whether the totals are exact."""
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+    import pandas as pd
+    from streamz import Stream
+
+    import streamlb
+
+    work = tempfile.mkdtemp(prefix="streamlb-incr-")
+    feed, ckpt = os.path.join(work, "in"), os.path.join(work, "ck")
+    os.makedirs(feed)
+    first = pd.DataFrame({"key": np.arange(keys, dtype=np.int64), "value": np.arange(keys, dtype=np.int64) % 1000})
+    cl, client = cluster(2)
+    try:
+        with cl, client:
+            src = Stream.from_parquet(feed, watch="1s")
+            src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")
+            job = streamlb.run(src, client=client, state_backend=backend, checkpoint=ckpt, checkpoint_interval=1.0)
+            groups = job.key_groups
+            few = max(int(round(groups * share)), 1)
+            cand = np.arange(keys * 4, dtype=np.int64) + keys
+            pick = cand[np.isin(streamlb.assign_to_key_group(cand, groups), np.arange(few))][:keys // 4]
+            second = pd.DataFrame({"key": pick, "value": pick % 1000})
+            first.to_parquet(os.path.join(feed, "part-0.parquet"))
+            settled = _checkpoint_after(job, lambda c: c["keys"].sum() >= keys and c["bytes_written"].sum() > 0)
+            second.to_parquet(os.path.join(feed, "part-1.parquet"))
+            changed = _checkpoint_after(job, lambda c: c["id"].max() > settled["id"].max() + 1)
+            job.drain(timeout=300)
+            got = job.state("totals").sort_index() if len(first) <= 5_000_000 else None
+            job.stop()
+        full = int(settled.sort_values("bytes_written")["bytes_written"].iloc[-1])
+        incr = changed[changed["id"] > settled["id"].max()]
+        incr_bytes = int(incr["bytes_written"].max())
+        want = pd.concat([first, second]).groupby("key").agg(count=("value", "count"), sum=("value", "sum"))
+        exact = got is not None and np.array_equal(got.index.to_numpy(), want.index.to_numpy()) and \
+            np.array_equal(got["count"].to_numpy(), want["count"].to_numpy()) and \
+            np.array_equal(got["sum"].to_numpy(), want["sum"].to_numpy())
+        result = {"backend": backend, "key_groups": groups, "changed_groups": few, "full_bytes": full,
+                  "incremental_bytes": incr_bytes, "ratio": incr_bytes / full, "exact": bool(exact)}
+        print(f"{backend}: full checkpoint {full / 2**20:.1f} MiB; with {few} of {groups} key groups changed "
+              f"({len(second):,} rows), each later checkpoint wrote at most {incr_bytes / 2**20:.2f} MiB: "
+              f"{100 * incr_bytes / full:.2f}% of a full one; exact: {exact}", file=out, flush=True)
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _checkpoint_after(job, done, timeout: float = 600):
+    """``job.checkpoints()`` once ``done(frame)`` holds for it (polled every 0.5 s)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        c = job.checkpoints()
+        if len(c) and done(c):
+            return c
+        time.sleep(0.5)
+    raise TimeoutError(f"no such checkpoint within {timeout} s: {job.checkpoints()}")
+
+
 class StateBackends(_Sitting):
     """asv: RocksDB's records/s over memory's, median of 3 alternating rounds, 5M rows Zipf(1.2)."""
 
@@ -243,9 +311,16 @@ def main(argv=None) -> None:
                    help="instead: KEYS distinct keys on 2 workers of --limit memory, each backend once")
     p.add_argument("--limit", default="1GiB")
     p.add_argument("--checkpoints", action="store_true", help="instead: checkpoint duration and size per backend")
+    p.add_argument("--incremental", action="store_true",
+                   help="instead: an incremental checkpoint's bytes where 1%% of the key groups changed, against a "
+                        "full one (--keys keys, default 2M)")
     a = p.parse_args(argv)
     if a.checkpoints:
         checkpoints()
+        return
+    if a.incremental:
+        for backend in ("rocksdb", "memory"):
+            incremental_share(a.keys if a.keys != 100_000 else 2_000_000, backend=backend)
         return
     if a.beyond_memory:
         beyond_memory(a.beyond_memory, a.limit)

@@ -331,6 +331,11 @@ class RocksAggregateState(StateStore):
         """Keys held, at most (the buffer's keys may be in the database already): no flush."""
         return int(self.held.sum()) + (len(self.buffer) if self.buffer is not None else 0)
 
+    def read_estimate(self, groups=None) -> tuple[int, tuple[str, ...]]:
+        """A row per key: the key, and a number per aggregate."""
+        rows, kinds = super().read_estimate(groups)
+        return rows, (kinds[0], *"f" * len(self.spec))
+
     def key_kind(self) -> str | None:
         return self.kind
 

@@ -302,8 +302,9 @@ class Instance:
     async def push(self, env: Envelope):
         """A message on the data lane; returns once processed, with this instance's cost
         sketches now and then (osg), else None."""
-        if self.life.phase in (Phase.FAILED, Phase.STOPPED):     # nothing reads the data lane any more
-            raise StreamlbError(f"instance {self.label} is {self.status}: it takes no more data "
+        if self.life.phase is Phase.STOPPED:        # the job let it go: nothing reads the data lane any more
+            # (a failed one keeps its senders waiting instead: the job fails with its error, not theirs)
+            raise StreamlbError(f"instance {self.label} is stopped: it takes no more data "
                                 f"(from sender {env.sender}, message {env.seq})")
         await self._enqueue(self.inbox, env, "upstream sender")
         return self.op.reply(env.sender)
