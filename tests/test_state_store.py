@@ -81,6 +81,16 @@ class StoreContract:
         _assert_same(self.filled(batches, with_groups=True).frame(), want)
         _assert_same(self.filled(batches, with_groups=False).frame(), want)
 
+    def test_a_key_asked_for_twice_is_cut_once(self, batches):
+        """Lazy pulls join several routers' requests: the same key may come twice."""
+        df = pd.concat(batches)
+        src, dst = self.filled(batches), self.make()
+        keys = df["k"].drop_duplicates().to_numpy()[:5]
+        twice = np.concatenate([keys, keys[::-1]])
+        dst.install(src.cut_keys(twice, assign_to_key_group(twice, G)))
+        assert len(src) + len(dst) == df["k"].nunique() and len(dst) == len(keys)
+        _assert_same(dst.frame(), self.truth(df[df["k"].isin(keys)]))
+
     def test_snapshot_leaves_the_store_unchanged_and_reproduces_the_groups(self, batches):
         store = self.filled(batches)
         before = store.frame()

@@ -274,6 +274,9 @@ class RocksAggregateState(StateStore):
         self.flush()
         if not len(keys) or self.tables is None:
             return self._blob([])
+        # a key asked for twice (several routers' requests joined) is taken once
+        once = ~pd.Index(keys).duplicated()
+        keys, groups = keys[once], groups[once]
         raw = self._encode(keys, groups)
         old = self.db.get(raw)
         found = np.fromiter((v is not None for v in old), bool, len(old))
