@@ -173,33 +173,27 @@ def test_a_split_idle_for_idle_timeout_holds_nothing_back():
 
 
 def test_a_split_is_not_idle_while_the_job_holds_its_source_back():
-    """A source held back by the job (a batch blocked on credits while a move holds a join's
-    rows, or batches going out behind their pace on a loaded machine) leaves its other
-    splits unsent meanwhile: that is no idleness. Counted as such, a 6 s stall made them
-    idle, the watermark jumped to the split sent, and their next rows were late (the
-    autoflow join test lost hundreds of rows so, on a loaded 2-core machine)."""
+    """A paced source's splits idle in its pace, not in wall time: a source held back by the
+    job (a batch blocked on credits while a move holds a join's rows, batches going out
+    behind their pace on a loaded machine) leaves its other splits unsent meanwhile, and
+    that is no idleness. Counted in wall time, a 6 s stall made them idle, the watermark
+    jumped to the split sent and their next rows were late (the autoflow join test lost
+    hundreds of rows so on a loaded 2-core machine)."""
     from streamlb._worker._watermarks import SplitClock
 
     clock = SplitClock({"column": "t", "unit": "s", "delay": 2 * S, "idle_timeout": 5 * S}, "src")
     t0 = clock.started
-    for split, t in (("a", 100), ("b", 40)):
+    for split, t, due in (("a", 100, t0), ("b", 40, t0), ("a", 101, t0 + 1)):
         clock.current = split
-        clock.sending(t0, late=False)
         clock.observe(pd.DataFrame({"t": [t - 1, t]}), dead=None)
-        clock.last[split] = t0
-        clock.sent(t0)
-    clock.current = "a"                     # a batch of a, blocked 6 s on its way out
-    clock.sending(t0 + 1, late=False)
-    clock.observe(pd.DataFrame({"t": [101]}), dead=None)
-    clock.last["a"] = t0 + 1
-    clock.sent(t0 + 7)
-    assert clock.watermark({"a", "b"}, t0 + 7) == (38 * S, False)          # b is not idle
-    clock.sending(t0 + 9, late=True)        # the next went out 2 s behind its pace
-    clock.last["a"] = t0 + 9
-    clock.sent(t0 + 9)
-    assert clock.watermark({"a", "b"}, t0 + 9) == (38 * S, False)
-    # on pace again, b silent 5 s of its own: idle
-    assert clock.watermark({"a", "b"}, t0 + 14.5) == (99 * S, False)
+        clock.last[split], clock.paced[split] = due, due
+    # a's batch due at t0 + 1 went out 6 s late: in pace the source stands at t0 + 1
+    assert clock.watermark({"a", "b"}, t0 + 7, pace=t0 + 1) == (38 * S, False)      # b is not idle
+    clock.last["a"] = t0 + 7                # in wall time b was idle: the watermark jumped past it
+    assert clock.watermark({"a", "b"}, t0 + 7) == (99 * S, False)
+    # the source keeps its pace again: b silent 5 s of it is idle
+    clock.paced["a"] = t0 + 5.5
+    assert clock.watermark({"a", "b"}, t0 + 12, pace=t0 + 5.5) == (99 * S, False)
 
 
 def _stamp(frame):

@@ -54,6 +54,7 @@ class Source:
         # behind its schedule the source is (seconds)
         self.offered_rate: float | None = None
         self.lag = 0.0
+        self.due: float | None = None           # when the batch going out (or next) was due
         # what was emitted, for a replacement to go on from (see :meth:`position`)
         self.emitted: dict = {}                 # split -> its position after the rows emitted
         self.opened: collections.deque = collections.deque()    # splits a live reader opened itself
@@ -280,6 +281,7 @@ class Source:
                     self.offered_rate = n / (due - last_due)
                 last_due = due
                 self.lag = max(time.time() - due, 0.0)
+                self.due = due
                 whole = True            # nothing of this batch left yet
                 while (delay := due - time.time()) > 0:
                     await self._nap(delay, whole)

@@ -32,14 +32,13 @@ class SplitClock:
         self.last: dict[str, float] = {}        # split -> when it last emitted (processing time)
         self.current = "_"                      # the split of the batch being emitted
         self.started = time.time()              # a split that never emitted is idle from then
-        # seconds the job held this source back (a batch on its way out, blocked on credits
-        # or the CPU; batches due that went out late): no split is idle for that time, or a
-        # stall of the job (a move holding a join's rows) made the splits not sent meanwhile
-        # idle and their next rows late
-        self.held = 0.0
-        self.held_at: dict[str, float] = {}     # split -> ``held`` when it last emitted
-        self.sending_since: float | None = None
-        self.free_at = self.started             # when the last batch had gone out
+        # a paced source: where it stands in its pace (the wall time, or the time its batch
+        # going out was due, if earlier) when each split last emitted. Idleness counts in
+        # pace: time the job holds the source back (a batch blocked on credits while a move
+        # holds a join's rows, a loaded machine) is no idleness of the splits not sent
+        # meanwhile; counted in wall time it made them idle, the watermark jumped to the
+        # split sent and their next rows were late
+        self.paced: dict[str, float] = {}
 
     def observe(self, frame: pd.DataFrame, dead) -> pd.DataFrame:
         """The watermark step: note the batch's event times; rows without one go to the
@@ -63,29 +62,17 @@ class SplitClock:
             s = self.current
             self.top[s] = max(self.top.get(s, MIN_TIME), top)
         self.last[self.current] = time.time()
-        self.held_at[self.current] = self.held
         return frame
 
-    def sending(self, now: float, late: bool) -> None:
-        """A batch starts going out at ``now``; ``late``: it was due before (the source did
-        not wait for its pace since the last one: the job held it back meanwhile)."""
-        if late:
-            self.held += max(now - self.free_at, 0.0)
-        self.sending_since = now
-
-    def sent(self, now: float) -> None:
-        """The batch being sent has gone out: the time it took held the source back."""
-        if self.sending_since is not None:
-            self.held += max(now - self.sending_since, 0.0)
-            self.sending_since = None
-        self.free_at = now
-
-    def quiet(self, split: str, now: float) -> float:
-        """Seconds ``split`` has emitted nothing while the job did not hold the source back."""
-        return now - self.last.get(split, self.started) - (self.held - self.held_at.get(split, 0.0))
+    def quiet(self, split: str, now: float, pace: float | None = None) -> float:
+        """Seconds ``split`` has emitted nothing: of wall time, or of the source's ``pace``
+        (where it stands in it now; see ``paced``)."""
+        if pace is None:
+            return now - self.last.get(split, self.started)
+        return pace - self.paced.get(split, self.last.get(split, self.started))
 
     def watermark(self, live: set[str], now: float, may_idle: bool = True,
-                  waiting=frozenset()) -> tuple[int, bool]:
+                  waiting=frozenset(), pace: float | None = None) -> tuple[int, bool]:
         """``(watermark, idle)`` over the splits in ``live`` (unfinished). A split that has
         emitted nothing for ``idle_timeout`` (since the source started, if it never has) is
         idle and left out; unless not ``may_idle``: a source read as fast as the job takes
@@ -94,7 +81,7 @@ class SplitClock:
         split in ``waiting``, whose reader knows it has rows not handed out yet (a Kafka
         partition behind its broker's high watermark). ``waiting`` is a set, or a function
         giving it, called only when some split would go idle (not once per batch)."""
-        stale = {s for s in live if may_idle and self.quiet(s, now) > self.idle_timeout}
+        stale = {s for s in live if may_idle and self.quiet(s, now, pace) > self.idle_timeout}
         if stale and callable(waiting):
             waiting = waiting()
         active = [s for s in live if s not in stale or s in waiting]
@@ -131,25 +118,30 @@ class Watermarks:
 
     # -- a source -------------------------------------------------------------------------------
     def observe(self, frame):
-        src = self.inst.source
-        self.clock.current = src.split_now
-        self.clock.sending(time.time(), src.lag > 0)
-        return self.clock.observe(frame, lambda rows, why: self.inst.dead.add(self.inst.stage.name, rows, why))
+        self.clock.current = self.inst.source.split_now
+        out = self.clock.observe(frame, lambda rows, why: self.inst.dead.add(self.inst.stage.name, rows, why))
+        self.clock.paced[self.clock.current] = self._pace(time.time())
+        return out
+
+    def _pace(self, now: float) -> float:
+        """Where the source stands in its pace: the wall time, or when the batch going out
+        was due if that is earlier (the job holds the source back)."""
+        due = self.inst.source.due
+        return now if due is None else min(now, due)
 
     async def source_tick(self) -> None:
         """After a batch, or now and then: the source's watermark."""
         src = self.inst.source
         now = time.time()
-        self.clock.sent(now)
         live = src.reader is not None and src.reader.live      # a source that waits for data
         wm, idle = self.clock.watermark(src.live_splits(), now, may_idle=bool(self.inst.stage.rate) or live,
-                                        waiting=src.reader.waiting if live else frozenset())
+                                        waiting=src.reader.waiting if live else frozenset(), pace=self._pace(now))
         await self._advance(wm, idle, now)
 
     async def ticker(self) -> None:
         """A source's idleness shows even when it emits nothing (counted from now: the
         source starts)."""
-        self.clock.started = self.clock.free_at = time.time()
+        self.clock.started = time.time()
         every = min(max(self.clock.idle_timeout / 4, 0.05), 1.0)
         while True:
             await asyncio.sleep(every)
