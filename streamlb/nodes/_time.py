@@ -33,7 +33,9 @@ class with_watermark(_Described):
         "Durations"); never in the column's ``unit``.
     idle_timeout : duration
         A split or source instance that emits nothing for this long (processing time) is
-        idle and holds no watermark back until it emits again.
+        idle and holds no watermark back until it emits again. With ``rate=`` the time
+        counts in the source's pace: while the job holds the source back (backpressure,
+        a loaded machine) its batches are late, not its splits idle.
     unit : str, optional
         For an integer column: what it counts, one of ``s``, ``ms``, ``us``, ``ns``.
 
