@@ -228,9 +228,10 @@ def incremental_share(keys: int = 2_000_000, share: float = 0.01, backend: str =
     """Bytes of an incremental checkpoint where ``share`` of the key groups changed, against
     a full one: a keyed count and sum on 2 workers, ``checkpoint_interval=1s``, reading a
     watched directory; a first file of ``keys`` uniform keys (every group changes: the
-    checkpoints after it write the whole state), then, once a checkpoint covered it, a file
-    of as many rows whose keys fall in ``share`` of the key groups. Returns the full and the
-    incremental checkpoint's ``bytes_written``, their ratio, and whether the totals are exact."""
+    checkpoints after it write the whole state), then, once a checkpoint that changed nothing
+    shows the first is in, a file updating the keys of ``share`` of the key groups. Returns the whole state's bytes as checkpoint files (written and
+    referenced by that checkpoint), the bytes the checkpoints after the second file wrote,
+    their ratio, and whether the totals are exact."""
     import os
     import shutil
     import tempfile
@@ -253,31 +254,40 @@ def incremental_share(keys: int = 2_000_000, share: float = 0.01, backend: str =
             job = streamlb.run(src, client=client, state_backend=backend, checkpoint=ckpt, checkpoint_interval=1.0)
             groups = job.key_groups
             few = max(int(round(groups * share)), 1)
-            cand = np.arange(keys * 4, dtype=np.int64) + keys
-            pick = cand[np.isin(streamlb.assign_to_key_group(cand, groups), np.arange(few))][:keys // 4]
-            second = pd.DataFrame({"key": pick, "value": pick % 1000})
-            first.to_parquet(os.path.join(feed, "part-0.parquet"))
-            settled = _checkpoint_after(job, lambda c: c["keys"].sum() >= keys and c["bytes_written"].sum() > 0)
-            second.to_parquet(os.path.join(feed, "part-1.parquet"))
-            changed = _checkpoint_after(job, lambda c: c["id"].max() > settled["id"].max() + 1)
+            # the second file updates the keys of ``few`` key groups: their state changes, no group grows
+            second = first[streamlb.assign_to_key_group(first["key"].to_numpy(), groups) < few]
+            _drop(first, feed, "part-0")
+            settled = _checkpoint_after(job, lambda c: c["keys"].sum() >= keys and c["bytes_written"].iloc[-1] == 0)
+            _drop(second, feed, "part-1")
+            changed = _checkpoint_after(job, lambda c: c["bytes_written"].iloc[len(settled):].sum() > 0 and
+                                        c["bytes_written"].iloc[-1] == 0)
             job.drain(timeout=300)
-            got = job.state("totals").sort_index() if len(first) <= 5_000_000 else None
+            got = job.state("totals").sort_index()
             job.stop()
-        full = int(settled.sort_values("bytes_written")["bytes_written"].iloc[-1])
-        incr = changed[changed["id"] > settled["id"].max()]
-        incr_bytes = int(incr["bytes_written"].max())
+        last = settled.iloc[-1]
+        full = int(last["bytes_written"] + last["bytes_referenced"])       # the whole state, as files
+        incr_bytes = int(changed["bytes_written"].iloc[len(settled):].sum())
         want = pd.concat([first, second]).groupby("key").agg(count=("value", "count"), sum=("value", "sum"))
-        exact = got is not None and np.array_equal(got.index.to_numpy(), want.index.to_numpy()) and \
+        exact = np.array_equal(got.index.to_numpy(), want.index.to_numpy()) and \
             np.array_equal(got["count"].to_numpy(), want["count"].to_numpy()) and \
             np.array_equal(got["sum"].to_numpy(), want["sum"].to_numpy())
         result = {"backend": backend, "key_groups": groups, "changed_groups": few, "full_bytes": full,
                   "incremental_bytes": incr_bytes, "ratio": incr_bytes / full, "exact": bool(exact)}
-        print(f"{backend}: full checkpoint {full / 2**20:.1f} MiB; with {few} of {groups} key groups changed "
-              f"({len(second):,} rows), each later checkpoint wrote at most {incr_bytes / 2**20:.2f} MiB: "
-              f"{100 * incr_bytes / full:.2f}% of a full one; exact: {exact}", file=out, flush=True)
+        print(f"{backend}: the whole state {full / 2**20:.1f} MiB as checkpoint files; with {few} of {groups} key "
+              f"groups changed ({len(second):,} keys updated), the checkpoints after wrote {incr_bytes / 2**20:.2f} "
+              f"MiB: {100 * incr_bytes / full:.2f}% of a full one; exact: {exact}", file=out, flush=True)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _drop(frame, directory: str, name: str) -> None:
+    """Write ``frame`` into a watched directory whole: under a hidden name, then renamed."""
+    import os
+
+    hidden = os.path.join(directory, f".{name}.parquet")
+    frame.to_parquet(hidden)
+    os.rename(hidden, os.path.join(directory, f"{name}.parquet"))
 
 
 def _checkpoint_after(job, done, timeout: float = 600):
