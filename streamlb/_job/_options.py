@@ -249,10 +249,11 @@ class RunOptions:
 
         kept = []
         for st in stages:
-            if st.kind in ROCKSDB_KINDS:
+            table = st.kind == "process" and (getattr(st, "process", None) or {}).get("batch")
+            if st.kind in ROCKSDB_KINDS and not table:
                 st.state = {"backend": self.state_backend, "dir": self.state_dir}
             elif st.kind in ("stateful_map", "window", "join", "process"):
-                kept.append(f"{st.name!r} ({st.kind})")
+                kept.append(f"{st.name!r} ({'process(batch=True)' if table else st.kind})")
         if kept:
             logging.getLogger("streamlb.state").warning(
                 "state_backend=%r holds the state of %s operators so far; the state of %s stays in memory",
