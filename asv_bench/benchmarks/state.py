@@ -229,9 +229,10 @@ def incremental_share(keys: int = 2_000_000, share: float = 0.01, backend: str =
     a full one: a keyed count and sum on 2 workers, ``checkpoint_interval=1s``, reading a
     watched directory; a first file of ``keys`` uniform keys (every group changes: the
     checkpoints after it write the whole state), then, once a checkpoint that changed nothing
-    shows the first is in, a file updating the keys of ``share`` of the key groups. Returns the whole state's bytes as checkpoint files (written and
-    referenced by that checkpoint), the bytes the checkpoints after the second file wrote,
-    their ratio, and whether the totals are exact."""
+    shows the first is in, a file updating the keys of ``share`` of the key groups. Returns
+    the whole state's bytes as checkpoint files (written and referenced by that checkpoint),
+    the bytes the checkpoints after the second file wrote, their ratio, and whether the
+    totals are exact."""
     import os
     import shutil
     import tempfile
