@@ -257,7 +257,7 @@ class Source:
         self.t0 = t0
         last_due = self.epoch0 if self.replaying else t0
         ahead = loop.run_in_executor(thread, next, batches, None)
-        while (item := await ahead) is not None:
+        while (item := await self._next(ahead)) is not None:
             ahead = loop.run_in_executor(thread, next, batches, None)
             batch, due, mark = item
             n = len(batch)
@@ -315,6 +315,16 @@ class Source:
             self.sent = sent
             if self.replaying:
                 self._replayed(mark)
+
+    async def _next(self, ahead):
+        """The batch read ahead. A live reader that has had none for a second waits for
+        data: the job does not hold the source back meanwhile, so its splits' idleness
+        counts in wall time again (``due`` None; see ``Watermarks._pace``)."""
+        if not ahead.done() and self.reader is not None and self.reader.live:
+            await asyncio.wait({ahead}, timeout=1.0)
+            if not ahead.done():
+                self.due = None
+        return await ahead
 
     def completed(self, cid: int) -> None:
         """Checkpoint ``cid`` is complete: the reader may tell the source (Kafka: commit the
