@@ -168,9 +168,9 @@ def test_a_move_asked_during_a_state_read_waits_for_every_instance_to_answer(two
             if getattr(getattr(inst, "stage", None), "name", None) == "n" and inst.index == 1:
                 read = inst.state
 
-                async def slow(groups=None):
+                async def slow(groups=None, nbytes=None):
                     await asyncio.sleep(delay)
-                    return await read(groups)
+                    return await read(groups, nbytes)
 
                 inst.state = slow
                 return True
