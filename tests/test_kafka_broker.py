@@ -132,14 +132,21 @@ def test_committed_offsets_of_a_group_read_back(kafka):
 
 
 def test_offsets_for_times(kafka):
+    """The first offset at or after a time. The records are known written first (all
+    acknowledged, the high watermark at 10): in a loaded fresh-clone run the lookup once
+    answered -1 ("none that late"), and ``flush``'s own answer was not checked then. The
+    broker has just taken the 2M records of the bulk test, so it is given 60 s."""
     t = kafka.create_topic(topic_name(), 1)
     p = kafka.producer()
     for i in range(10):
         p.produce(t, b"%d" % i, partition=0, timestamp=1_000_000 + 1000 * i)
-    p.flush(10)
+    assert p.flush(60) == 0, "records not acknowledged within 60 s"
     c = kafka.consumer()
-    got = c.offsets_for_times([TopicPartition(t, 0, 1_004_500)], timeout=10)
+    assert c.get_watermark_offsets(TopicPartition(t, 0), timeout=30) == (0, 10)
+    got = c.offsets_for_times([TopicPartition(t, 0, 1_004_500)], timeout=30)
     assert got[0].offset == 5
+    got = c.offsets_for_times([TopicPartition(t, 0, 1_009_500)], timeout=30)
+    assert got[0].offset == -1, "no record is that late: the lookup answers the end (-1)"
     c.close()
 
 
