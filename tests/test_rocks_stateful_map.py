@@ -109,3 +109,35 @@ def test_a_savepoint_restores_across_state_backends(two_workers, data, tmp_path,
         job.wait(timeout=120)
         assert 0 < job.summary()["records"] < len(frame)   # only what came after the savepoint
         check_state(job, frame)
+
+
+def test_exact_across_a_live_rescale_3_2_3(warm, data, tmp_path):
+    """The operator rescales 3 -> 2 -> 3 while the stream runs, its states in a database per
+    instance: every state and output exact, each rescale in the job's history. (The stream
+    is paced to 30 s; each rescale comes once 8-12k more records are read, so both move state
+    and are done before the stream ends on a loaded machine.)"""
+    path, frame = data
+    src, outs = build(path, 3, rate=4_000)
+    with dask.config.set({"streamlb.state.dir": str(tmp_path)}), \
+            streamlb.run(src, client=warm, key_groups=G, state_backend="rocksdb") as job:
+        _read_past(job, 12_000)
+        job.rescale("running", 2)
+        mid = _read_past(job, job.summary()["records"] + 8_000)
+        job.rescale("running", 3)
+        late = job.summary()["records"]
+        print(f"records at the rescales: {mid:,} and {late:,} of {len(frame):,}")
+        assert late < len(frame), "the stream ended before the rescales"
+        job.wait(timeout=120)
+        rescales = [(h["from"], h["to"]) for h in job.history if h.get("kind") == "rescale"]
+        assert rescales == [(3, 2), (2, 3)], job.history
+        assert sum(job.state_size("running").values()) == frame["key"].nunique()
+        check_state(job, frame)
+        check_outputs(outs, frame)
+
+
+def _read_past(job, records: int, timeout: float = 60) -> int:
+    """The job's records read once past ``records`` (polled)."""
+    deadline = time.time() + timeout
+    while (n := job.summary()["records"]) < records and time.time() < deadline:
+        time.sleep(0.1)
+    return n
