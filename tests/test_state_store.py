@@ -277,6 +277,36 @@ class TestRocksAggregateStateBuffered(TestRocksAggregateState):
         monkeypatch.setattr(_rocks, "SCAN_CHUNK", 7)
 
 
+class TestRocksAggregateStateInARange(TestRocksAggregateState):
+    """The same contract on a range of a database another owner holds (a window's pane):
+    its keys under a prefix, beside another store's, which it never touches."""
+
+    def make(self) -> StateStore:
+        from streamlb._state._rocks import RocksAggregateState
+
+        self.owner = RocksAggregateState("agg", SPEC, "k", G, self.dir)
+        self.__dict__.setdefault("owners", []).append(self.owner)     # each store's database lives on
+        self.owner.update(pd.DataFrame({"k": np.arange(50), "v": np.ones(50)}), np.arange(50) % G)
+        self.owner.flush()
+        return RocksAggregateState("agg", SPEC, "k", G, None, shared=(self.owner.db, b"pane0001"))
+
+    def filled(self, batches, with_groups: bool = True):
+        store = super().filled(batches, with_groups)
+        assert len(self.owner) == 50 and self.owner.frame()["s"].sum() == 50
+        return store
+
+    def test_its_files_are_removed_when_it_is_closed(self, batches):
+        store = self.filled(batches)
+        store.close()
+        assert next(iter(store.db.keys(from_key=b"pane")), b"x")[:4] != b"pane" and len(self.owner) == 50
+
+    def test_a_key_group_is_one_range_of_the_database(self, batches):
+        store = self.filled(batches)
+        raw = [k for k in store.db.keys() if bytes(k[:8]) == b"pane0001"]
+        groups = [int.from_bytes(bytes(k[8:12]), "big") for k in raw]
+        assert groups == sorted(groups) and set(groups) == set(np.flatnonzero(store.held).tolist())
+
+
 class TestStatefulMapState(StoreContract):
     def make(self) -> StatefulMapState:
         return self.make_with(running_sum, "k")

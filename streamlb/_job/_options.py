@@ -245,19 +245,20 @@ class RunOptions:
             return
         import logging
 
-        from .._state._backends import ROCKSDB_KINDS
+        from .._state._backends import ROCKSDB_KINDS, kept_in_memory
 
         kept = []
         for st in stages:
-            table = st.kind == "process" and (getattr(st, "process", None) or {}).get("batch")
-            if st.kind in ROCKSDB_KINDS and not table:
+            left = kept_in_memory(st)
+            if left is not None:
+                kept.append(f"{st.name!r} ({left})")
+            elif st.kind in ROCKSDB_KINDS:
                 st.state = {"backend": self.state_backend, "dir": self.state_dir}
-            elif st.kind in ("stateful_map", "window", "join", "process"):
-                kept.append(f"{st.name!r} ({'process(batch=True)' if table else st.kind})")
         if kept:
             logging.getLogger("streamlb.state").warning(
-                "state_backend=%r holds the state of %s operators so far; the state of %s stays in memory",
-                self.state_backend, "/".join(ROCKSDB_KINDS), ", ".join(kept))
+                "state_backend=%r holds the state of aggregate, stateful_map, process and tumbling/hopping "
+                "window aggregate operators so far; the state of %s stays in memory",
+                self.state_backend, ", ".join(kept))
 
     def autoscale_ranges(self, stages) -> dict[str, tuple[int, int]]:
         """The (min, max) parallelism of each operator to autoscale, among the planned

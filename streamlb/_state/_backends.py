@@ -6,10 +6,30 @@ from ._base import StateStore
 from ._stateful_map import StatefulMapState
 
 # Storage backends a store can live in: memory, or RocksDB (aggregates, see ._rocks;
-# stateful maps and process, on the keyed values of ._values).
+# stateful maps and process, on the keyed values of ._values; tumbling and hopping window
+# aggregates, panes of ._rocks in ._window_panes_rocks).
 BACKENDS = ("memory", "rocksdb")
-ROCKSDB_KINDS = ("aggregate", "stateful_map", "process")   # what the RocksDB backend holds so far
-# (process(batch=True) keeps its table in memory)
+ROCKSDB_KINDS = ("aggregate", "stateful_map", "process", "window")   # what the RocksDB backend holds so far
+# (process(batch=True) keeps its table in memory; of windows, only aggregates of fixed
+# windows: see in_rocksdb)
+
+
+def kept_in_memory(stage) -> str | None:
+    """What ``stage`` keeps in memory with the RocksDB backend (the kind it is, as the log
+    names it), or None when RocksDB holds its state (or it holds none)."""
+    kind = stage.kind
+    if kind == "process" and (getattr(stage, "process", None) or {}).get("batch"):
+        return "process(batch=True)"
+    if kind == "window":
+        from ._window_assigners import assigner_of
+
+        mode = stage.window["mode"]
+        if mode == "aggregate" and not assigner_of(stage.window).merging:
+            return None
+        return {"aggregate": "session window", "join": "window join"}.get(mode, f"window {mode}")
+    if kind == "join":
+        return kind
+    return None
 
 
 def state_directory(configured: str | None) -> str:
@@ -87,6 +107,11 @@ def make_store(stage, key_groups: int, backend: str | None = None) -> StateStore
         # an aggregate's windows as numpy tables: whole panes for fixed windows, one table of
         # sessions for merging ones; apply keeps per key what the window's kind keeps
         if stage.window["mode"] == "aggregate" and not assigner_of(stage.window).merging:
+            if backend == "rocksdb":
+                from ._window_panes_rocks import RocksPaneWindowState
+
+                return RocksPaneWindowState(stage.name, stage.window, stage.key_name, key_groups,
+                                            state_directory(state.get("dir")), spec=stage.spec)
             from ._window_panes import PaneWindowState
 
             return PaneWindowState(stage.name, stage.window, stage.key_name, key_groups, spec=stage.spec)

@@ -19,6 +19,8 @@ state comes back from the job's checkpoint, never from its local database.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -36,18 +38,27 @@ class RocksAggregateState(StateStore):
     """count / sum / min / max / mean per key, in RocksDB (see the module's text).
 
     ``directory``: where the database goes (a directory of its own is made in it, and
-    removed when the store is closed or collected).
+    removed when the store is closed or collected). Or ``shared``: ``(db, base)``, a range
+    of another owner's database, every key under the prefix ``base`` (a window's pane);
+    closing the store (or collecting it) deletes that range.
     """
 
-    def __init__(self, operator: str, spec: dict, key_name: str, key_groups: int, directory: str) -> None:
+    def __init__(self, operator: str, spec: dict, key_name: str, key_groups: int, directory: str | None,
+                 shared: tuple | None = None) -> None:
         self.operator, self.spec, self.key_name, self.groups = operator, spec, key_name, key_groups
         # holds no keys: the dtypes, the checks, each batch's own aggregate, partials of split keys
         self.mem = AggregateState(operator, spec, key_name, key_groups)
-        self.db, self.path, self._closer = open_for(self, operator, directory)
+        if shared is None:
+            self.db, self.path, self._closer = open_for(self, operator, directory)
+            base = b""
+        else:
+            (self.db, base), self.path = shared, None
+            self._closer = weakref.finalize(self, _drop_range, self.db, base, key_groups)
+        self.base = base
         self.held = np.zeros(key_groups, np.int64)       # keys per key group
         self.tables: list[tuple] | None = None           # (table, column) of each value field
         self.row: np.dtype | None = None
-        self.codec = KeyCodec(operator, key_name)
+        self.codec = KeyCodec(operator, key_name, base)
         self.buffer: AggregateState | None = None         # see _pending
 
     @property
@@ -87,14 +98,7 @@ class RocksAggregateState(StateStore):
         """Every value stored again in the layout ``row``: a column held as integers was
         widened to float64 (``AggregateState.widen``), once per column over the whole state.
         An iterator reads the database as it was when it began, so the writes go alongside."""
-        raw, vals = [], []
-        for k, v in self.db.items():
-            raw.append(k)
-            vals.append(v)
-            if len(raw) == SCAN_CHUNK:
-                self._put(raw, self._relaid(vals, row))
-                raw, vals = [], []
-        if raw:
+        for raw, vals in scan(self.db, 0, self.groups, SCAN_CHUNK, self.base):
             self._put(raw, self._relaid(vals, row))
 
     def _relaid(self, vals: list, row: np.dtype) -> list:
@@ -155,9 +159,12 @@ class RocksAggregateState(StateStore):
             self.flush()
         return [(keys, groups)]
 
+    def columns_of(self, frame: pd.DataFrame) -> dict:
+        return self.mem.columns_of(frame)
+
     def update(self, frame: pd.DataFrame, groups: np.ndarray | None = None) -> list:
         """Apply one batch (to the buffer); return its keys, for :meth:`frame`."""
-        return self.update_columns(frame[self.key_name].to_numpy(), groups, self.mem.columns_of(frame))
+        return self.update_columns(frame[self.key_name].to_numpy(), groups, self.columns_of(frame))
 
     def update_columns(self, keys: np.ndarray, groups: np.ndarray | None, cols: dict) -> list:
         groups = self._groups_of(keys) if groups is None else groups
@@ -223,6 +230,18 @@ class RocksAggregateState(StateStore):
         """The state of key groups ``groups`` alone, as :meth:`frame` gives it."""
         return frame_of_blob(self, self.snapshot(groups))
 
+    def arrays(self, groups=None, keys: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """:meth:`frame` as ``(keys, {aggregate: values})``: of every key, of key groups
+        ``groups`` (range scans), or of those of ``keys`` held here (multi-gets)."""
+        if keys is None:
+            f = self.frame_of_groups(range(self.groups) if groups is None else groups)
+        else:
+            keys = pd.unique(np.asarray(keys))
+            keys = keys[self.contains(keys)]
+            gs = self._groups_of(keys)
+            f = frame_of_blob(self, self._blob([{"keys": keys, "key_groups": gs, "tables": self._read(keys, gs)}]))
+        return f.index.to_numpy(), {c: f[c].to_numpy() for c in self.spec}
+
     # -- key-group ranges --------------------------------------------------------------------------
     def _runs(self, groups) -> list[tuple[int, int]]:
         """``groups`` as ranges ``[lo, hi)`` of consecutive key groups that hold keys here."""
@@ -230,7 +249,7 @@ class RocksAggregateState(StateStore):
 
     def _scan(self, lo: int, hi: int) -> dict:
         # decoded as it goes: never a list of every key
-        chunks = [self._decoded(raw, vals) for raw, vals in scan(self.db, lo, hi, SCAN_CHUNK)]
+        chunks = [self._decoded(raw, vals) for raw, vals in scan(self.db, lo, hi, SCAN_CHUNK, self.base)]
         chunks = chunks or [self._decoded([], [])]
         if len(chunks) == 1:
             return chunks[0]
@@ -263,7 +282,7 @@ class RocksAggregateState(StateStore):
         parts = []
         for lo, hi in self._runs(groups):
             parts.append(self._scan(lo, hi))
-            delete_groups(self.db, lo, hi)
+            delete_groups(self.db, lo, hi, self.base)
             self.held[lo:hi] = 0
         return self._blob(parts)
 
@@ -341,6 +360,15 @@ class RocksAggregateState(StateStore):
 
     def key_kind(self) -> str | None:
         return self.kind
+
+
+def _drop_range(db, base: bytes, groups: int) -> None:
+    """A shared database's range ``base`` (a closed pane) deleted; nothing if the database
+    was closed first."""
+    try:
+        delete_groups(db, 0, groups, base)
+    except Exception:
+        pass
 
 
 def _no_split(shards) -> None:

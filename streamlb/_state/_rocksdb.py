@@ -71,10 +71,11 @@ def open_for(owner, operator: str, directory: str) -> tuple:
 class KeyCodec:
     """Keys and their key groups as the database's keys, and back. The keys' type (``kind``:
     ``"i"``, ``"u"`` or ``"O"`` for strings) is set by the first keys encoded; another type
-    later is refused naming the operator and its key column."""
+    later is refused naming the operator and its key column. ``base``: bytes before every
+    key (several stores in one database, each its own range: a window's panes)."""
 
-    def __init__(self, operator: str, key_name: str) -> None:
-        self.operator, self.key_name = operator, key_name
+    def __init__(self, operator: str, key_name: str, base: bytes = b"") -> None:
+        self.operator, self.key_name, self.base = operator, key_name, base
         self.kind: str | None = None
 
     def encode(self, keys: np.ndarray, groups: np.ndarray) -> list:
@@ -91,7 +92,7 @@ class KeyCodec:
                     raise KeyTypeError(f"operator {self.operator!r}: key {k!r} in column {self.key_name!r} is a "
                                        f"{type(k).__name__}; with state_backend='rocksdb' keys are integers or "
                                        "strings")
-                out.append(_prefix(g) + k.encode())
+                out.append(self.base + _prefix(g) + k.encode())
             return out
         if kind not in "iub":
             raise KeyTypeError(f"operator {self.operator!r}: key column {self.key_name!r} has {keys.dtype} keys; "
@@ -100,12 +101,17 @@ class KeyCodec:
         rows["g"] = groups
         k = keys.astype(np.int64 if self.kind == "i" else np.uint64, copy=False).view(np.uint64)
         rows["k"] = k ^ _SIGN if self.kind == "i" else k
+        if self.base:
+            return [self.base + r for r in rows.view("V12").tolist()]
         return rows.view("V12").tolist()
 
     def decode(self, raw: list) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, key groups)`` of the database's keys ``raw``."""
         if not raw:
             return np.empty(0, object if self.kind == "O" else np.int64), np.empty(0, np.int64)
+        if self.base:
+            n = len(self.base)
+            raw = [r[n:] for r in raw]
         if self.kind == "O":
             groups = np.frombuffer(b"".join(r[:4] for r in raw), ">u4").astype(np.int64)
             return np.array([bytes(r[4:]).decode() for r in raw], dtype=object), groups
@@ -135,9 +141,9 @@ def delete(db, raw: list) -> None:
     db.write(wb)
 
 
-def delete_groups(db, lo: int, hi: int) -> None:
-    """Delete every key of key groups ``[lo, hi)``: one range delete."""
-    db.delete_range(_prefix(lo), _prefix(hi))
+def delete_groups(db, lo: int, hi: int, base: bytes = b"") -> None:
+    """Delete every key of key groups ``[lo, hi)`` (under ``base``): one range delete."""
+    db.delete_range(base + _prefix(lo), base + _prefix(hi))
 
 
 def runs(held: np.ndarray, groups) -> list[tuple[int, int]]:
@@ -151,17 +157,17 @@ def runs(held: np.ndarray, groups) -> list[tuple[int, int]]:
     return [(int(r[0]), int(r[-1]) + 1) for r in np.split(gs, breaks)]
 
 
-def scan(db, lo: int, hi: int, chunk: int):
-    """The rows of key groups ``[lo, hi)`` as ``(keys, values)`` lists of at most ``chunk``
-    rows each, in key order (an empty range yields nothing); the block cache is left as it
-    was."""
+def scan(db, lo: int, hi: int, chunk: int, base: bytes = b""):
+    """The rows of key groups ``[lo, hi)`` (under ``base``) as ``(keys, values)`` lists of at
+    most ``chunk`` rows each, in key order (an empty range yields nothing); the block cache
+    is left as it was."""
     from rocksdict import ReadOptions
 
     ro = ReadOptions()
-    ro.set_iterate_upper_bound(_prefix(hi))
+    ro.set_iterate_upper_bound(base + _prefix(hi))
     ro.fill_cache(False)
     raw, vals = [], []
-    for k, v in db.items(from_key=_prefix(lo), read_opt=ro):
+    for k, v in db.items(from_key=base + _prefix(lo), read_opt=ro):
         raw.append(k)
         vals.append(v)
         if len(raw) == chunk:

@@ -65,7 +65,7 @@ class PaneClock(WindowState):
             done = self.fired[end]
             ready = ~done & (self.fired_to >= end) & ~self.held     # moving groups wait (see _pop)
             if ready.any():
-                frame = self._window(self.assigner.start_of(end), end, None if ready.all() else ready)
+                frame = self._fire(self.assigner.start_of(end), end, None if ready.all() else ready)
                 if frame is not None:
                     out.append(frame)
                 done |= ready
@@ -93,6 +93,11 @@ class PaneClock(WindowState):
             if frame is not None:
                 out.append(frame)
         return out
+
+    def _fire(self, start: int, end: int, groups: np.ndarray | None):
+        """What window ``[start, end)`` emits as it fires (see :meth:`_window`); a store may
+        give it in pieces (:meth:`~._windows.WindowState.pieces`)."""
+        return self._window(start, end, groups)
 
     def _expire_panes(self) -> None:
         if self.held.any():
@@ -199,7 +204,7 @@ class PaneWindowState(PaneClock):
         out = []
         for st in parts:
             blob = st.snapshot(np.flatnonzero(groups))
-            tmp = self._new_state()
+            tmp = self._scratch()
             tmp.install(blob)
             st.release(blob)
             if len(tmp):
@@ -220,6 +225,10 @@ class PaneWindowState(PaneClock):
         if keys is not None:
             mine = pd.Index(at).isin(keys)
             at, values = at[mine], {c: v[mine] for c, v in values.items()}
+        return self._rows(start, end, at, values)
+
+    def _rows(self, start: int, end: int, at: np.ndarray, values: dict) -> pd.DataFrame | None:
+        """Window ``[start, end)``'s output rows: keys ``at``, outputs ``values``."""
         if not len(at):
             return None
         tt = self.time_type
@@ -232,10 +241,15 @@ class PaneWindowState(PaneClock):
         """As the keyed aggregate's: values of summed columns that are not numbers are bad
         (checked by one empty keyed aggregate kept for it, not one made per batch)."""
         if self._checker is None:
-            self._checker = self._new_state()
+            self._checker = self._scratch()
         return self._checker.clean(frame)
 
     def _new_state(self) -> AggregateState:
+        """A pane's keyed aggregate."""
+        return AggregateState(self.operator, self.raw, self.key_name, self.groups)
+
+    def _scratch(self) -> AggregateState:
+        """A keyed aggregate in memory for a moment (a check, a helper's partials)."""
         return AggregateState(self.operator, self.raw, self.key_name, self.groups)
 
     def _outputs(self, raw: dict) -> dict:
@@ -259,7 +273,7 @@ class PaneWindowState(PaneClock):
             return late, None
         sub, _, groups, times = taken
         panes = self.assigner.bucket(times)
-        tmp = self._new_state()
+        tmp = self._scratch()
         blob = {}
         for p in np.unique(panes).tolist():
             sel = np.flatnonzero(panes == p)

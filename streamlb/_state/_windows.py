@@ -231,6 +231,13 @@ class WindowState(KeyDict, StateStore):
             if not ks:
                 del self.by_group[g]
 
+    def pieces(self, fired: list):
+        """The output rows of what :meth:`advance` fired, as frames to send on one after
+        the other: :meth:`rows`, one frame (a store in RocksDB gives a large window's rows
+        a range of key groups at a time, never all in memory)."""
+        out = self.rows(fired)
+        return [] if out is None else [out]
+
     def rows(self, fired: list) -> pd.DataFrame | None:
         """Fired windows as the operator's output rows (aggregate), or None for none."""
         if not fired:

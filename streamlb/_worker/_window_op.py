@@ -116,10 +116,10 @@ class WindowOperator(OnEventTime):
         their ``emitted`` time downstream (latency counts from it), also kept in the frame's
         ``attrs["watermark_made_at"]``."""
         if fired and self.stage.children:
-            out = self.store.rows(fired)
-            if out is not None and len(out):
-                out.attrs["watermark_made_at"] = made_at
-                await self.ctx.steps.run(self.stage.children, out, made_at)
+            for out in self.store.pieces(fired):
+                if len(out):
+                    out.attrs["watermark_made_at"] = made_at
+                    await self.ctx.steps.run(self.stage.children, out, made_at)
 
     async def _late(self, rows: pd.DataFrame, emitted: float) -> None:
         self.ctx.meter.late(len(rows))

@@ -1,0 +1,140 @@
+"""Tumbling and hopping window aggregates in RocksDB (``state_backend="rocksdb"``).
+
+:class:`~._window_panes.PaneWindowState`'s logic (time, firing, lateness, blobs) with its
+panes in RocksDB: each open pane is a :class:`~._rocks.RocksAggregateState` on a range of
+one database per instance, its keys under the pane's own 8-byte prefix (then the key group
+and the key, as every RocksDB store lays them out). A pane opens as a prefix, not a
+database (opening one cost 107 ms, and each would have its own memtables and block cache),
+and closes as one range delete when it expires, so the files do not grow with the job.
+
+A window fires a run of key groups at a time: each pane's rows of those groups (range
+scans), merged with :func:`~._window_panes.merge_partials`, about ``PIECE_ROWS`` keys a
+frame. A window of more keys than that goes to disk a frame at a time as it fires (the
+state cannot change under it while it is sent on), and :meth:`pieces` reads the frames back
+one at a time: the worker never holds the whole window.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pandas as pd
+
+from ._rocks import RocksAggregateState
+from ._rocksdb import open_for
+from ._window_panes import PaneWindowState, merge_partials
+
+PIECE_ROWS = 1 << 20        # keys of a window per output frame, at most (a key group is not split)
+
+
+class Spilled:
+    """A fired window's frames, on disk until sent (each read once, then removed)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory, self.n = directory, 0
+        os.makedirs(directory, exist_ok=True)
+
+    def add(self, frame: pd.DataFrame) -> None:
+        with open(os.path.join(self.directory, str(self.n)), "wb") as f:
+            pickle.dump(frame, f, protocol=5)
+        self.n += 1
+
+    def frames(self):
+        try:
+            for i in range(self.n):
+                path = os.path.join(self.directory, str(i))
+                with open(path, "rb") as f:
+                    frame = pickle.load(f)
+                os.remove(path)
+                yield frame
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RocksPaneWindowState(PaneWindowState):
+    """Open panes of a tumbling or hopping window ``aggregate``, in RocksDB."""
+
+    def __init__(self, operator: str, window: dict, key_name: str, key_groups: int, directory: str,
+                 spec=None) -> None:
+        super().__init__(operator, window, key_name, key_groups, spec=spec)
+        self.db, self.path, self._closer = open_for(self, operator, directory)
+        self._opened = 0            # panes opened so far: the next one's prefix
+        self._spills = 0
+
+    def close(self) -> None:
+        """Close the database and remove its files."""
+        self.panes.clear()
+        self._closer()
+
+    def _new_state(self) -> RocksAggregateState:
+        self._opened += 1
+        return RocksAggregateState(self.operator, self.raw, self.key_name, self.groups, None,
+                                   shared=(self.db, self._opened.to_bytes(8, "big")))
+
+    # -- firing -------------------------------------------------------------------------------------
+    def _chunks(self, parts: list, groups: np.ndarray | None) -> list:
+        """The key groups to read (those of the mask ``groups``, all if None), cut into
+        runs of about PIECE_ROWS keys over the panes ``parts``."""
+        counts = sum(st.keys_per_group(np.arange(self.groups)) for st in parts)
+        if groups is not None:
+            counts = np.where(groups, counts, 0)
+        gs = np.flatnonzero(counts)
+        if not len(gs):
+            return []
+        piece = np.cumsum(counts[gs]) // PIECE_ROWS
+        cuts = np.flatnonzero(np.diff(piece)) + 1
+        return np.split(gs, cuts)
+
+    def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None):
+        """The output rows of window ``[start, end)``, a frame per run of key groups (or of
+        ``keys`` alone, read by multi-gets)."""
+        parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
+        if not parts:
+            return
+        chunks = [None] if keys is not None else self._chunks(parts, groups)
+        for gs in chunks:
+            arrays = [st.arrays(gs, keys) for st in parts]
+            arrays = [a for a in arrays if len(a[0])]
+            if not arrays:
+                continue
+            at, raw = arrays[0] if len(arrays) == 1 else merge_partials(arrays, self.raw)
+            frame = self._rows(start, end, at, self._outputs(raw))
+            if frame is not None:
+                yield frame
+
+    def _window(self, start: int, end: int, groups: np.ndarray | None, keys=None) -> pd.DataFrame | None:
+        frames = list(self._frames(start, end, groups, keys))
+        if not frames:
+            return None
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+    def _fire(self, start: int, end: int, groups: np.ndarray | None):
+        """A window of at most PIECE_ROWS keys as one frame; a larger one to disk, a frame
+        at a time."""
+        frames = self._frames(start, end, groups)
+        first = next(frames, None)
+        second = next(frames, None)
+        if second is None:
+            return first
+        self._spills += 1
+        spill = Spilled(f"{self.path}-fired-{self._spills}")
+        spill.add(first)
+        spill.add(second)
+        for frame in frames:
+            spill.add(frame)
+        return spill
+
+    def pieces(self, fired: list):
+        for item in fired:
+            if isinstance(item, Spilled):
+                yield from item.frames()
+            else:
+                yield item
+
+    def rows(self, fired: list) -> pd.DataFrame | None:
+        frames = list(self.pieces(fired))
+        if not frames:
+            return None
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
