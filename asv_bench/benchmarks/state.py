@@ -8,6 +8,8 @@ every run.
 ``python -m benchmarks.state`` (from ``asv_bench/``) prints a line per run and the table:
 records/s per backend, and the median over rounds of RocksDB's records/s over memory's.
 Options: ``--rows``, ``--keys``, ``--rounds``, ``--distinct`` (rows of the uniform log; 0: skip it).
+``--beyond-memory KEYS [--window]``: a keyed aggregate (or a hopping window aggregate) over
+KEYS distinct keys on 2 workers of ``--limit`` memory, per backend (``--backends``).
 """
 from __future__ import annotations
 
@@ -312,6 +314,114 @@ class StateBackends(_Sitting):
         return ratio["zipf"]
 
 
+def distinct_times_log(keys: int, files: int = 16) -> str:
+    """:func:`distinct_log` with an event time: row ``i`` of the log (keys in random order)
+    at ``i * 2 s / keys``, so panes of 1 s hold ``keys / 2`` keys each, and the hopping window
+    ``[0 s, 2 s)`` of size 2 s, slide 1 s, every key."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ._common import DATA
+
+    path = os.path.abspath(os.path.join(DATA, f"distinct-times-{keys}-{files}"))
+    done = os.path.join(path, "_done")
+    if os.path.exists(done):
+        return path
+    os.makedirs(path, exist_ok=True)
+    order = np.random.default_rng(0).permutation(keys)
+    for i, part in enumerate(np.array_split(np.arange(keys), files)):
+        k = order[part]
+        t = (part * (2_000_000_000 / keys)).astype("int64").astype("datetime64[ns]")
+        pq.write_table(pa.table({"key": k, "value": (k % 1000).astype(np.float64), "event_time": t}),
+                       os.path.join(path, f"part-{i:03d}.parquet"))
+    open(done, "w").close()
+    return path
+
+
+def window_truth(keys: int) -> dict:
+    """Per window start (ns): ``(rows, keys' sum, values' sum)`` of the hopping windows over
+    :func:`distinct_times_log` (each key once per window its row falls in; count 1 each)."""
+    import numpy as np
+
+    order = np.random.default_rng(0).permutation(keys)
+    t = (np.arange(keys) * (2_000_000_000 / keys)).astype("int64")
+    first = t < 1_000_000_000
+    out = {}
+    for start, sel in ((-1_000_000_000, first), (0, np.ones(keys, bool)), (1_000_000_000, ~first)):
+        k = order[sel]
+        out[start] = (int(sel.sum()), int(k.sum()), float((k % 1000).sum()))
+    return out
+
+
+def _window_totals(frame):
+    """A fired frame of the window job, reduced on the worker to a row per window: rows,
+    the keys' sum, the counts' sum and maximum, the values' sum (the driver never holds the
+    windows' rows)."""
+    import pandas as pd
+
+    g = frame.assign(ws=frame["window_start"].astype("int64")).groupby("ws")
+    return pd.DataFrame({"rows": g.size(), "keys": g["key"].sum(), "n": g["n"].sum(), "n_max": g["n"].max(),
+                         "total": g["total"].sum()})
+
+
+def beyond_memory_window(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory", "rocksdb"),
+                         out=sys.stdout) -> dict:
+    """A hopping window aggregate (size 2 s, slide 1 s; count and sum per key) over ``keys``
+    distinct keys (:func:`distinct_times_log`: two panes of ``keys / 2`` keys, one window of
+    every key) on 2 workers of ``memory_limit=limit``, per backend: what happened (finished,
+    or the error), the time, the peak RSS per worker, and whether each window's rows, keys,
+    counts and sums are exact against numpy."""
+    import threading
+
+    import pandas as pd
+    from distributed import Client, LocalCluster
+    from streamz import Stream
+
+    import streamlb
+
+    path = distinct_times_log(keys)
+    truth = window_truth(keys)
+    results = {}
+    for backend in backends:
+        with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=":0",
+                          silence_logs=50) as cl, Client(cl) as client:
+            peaks: dict = {}
+            stop = threading.Event()
+            watcher = threading.Thread(target=_watch_rss, args=(client, peaks, stop), daemon=True)
+            watcher.start()
+            src = Stream.from_parquet(path).with_watermark("event_time")
+            win = src.key_by("key").window(size="2s", slide="1s").aggregate(
+                {"n": ("value", "count"), "total": ("value", "sum")}, name="windows")
+            parts = win.map(_window_totals).sink_to_list()
+            t0 = time.perf_counter()
+            job = streamlb.run(src, client=client, state_backend=backend)
+            outcome, exact, frames = "finished", None, 0
+            try:
+                job.wait(timeout=3600, progress=out is sys.stdout)
+                took = time.perf_counter() - t0
+                got = pd.concat(parts).groupby(level=0).agg(
+                    {"rows": "sum", "keys": "sum", "n": "sum", "n_max": "max", "total": "sum"})
+                frames = len(parts)
+                exact = (sorted(got.index.tolist()) == sorted(truth) and (got["n_max"] == 1).all()
+                         and all((int(got.at[s, "rows"]), int(got.at[s, "keys"]), float(got.at[s, "total"]))
+                                 == truth[s] and int(got.at[s, "n"]) == truth[s][0] for s in truth))
+            except Exception as exc:
+                took = time.perf_counter() - t0
+                outcome = f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                stop.set()
+                watcher.join()
+                job.stop()
+        results[backend] = {"outcome": outcome, "seconds": took, "exact": exact, "frames": frames,
+                            "peak_rss_mib": sorted(round(v / 2**20) for v in peaks.values())}
+        print(f"window, {backend}: {outcome} after {took:.1f} s; exact: {exact} ({frames} frames out); peak RSS "
+              f"per worker {results[backend]['peak_rss_mib']} MiB (limit {limit})", file=out, flush=True)
+    return results
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.state", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=5_000_000)
@@ -321,6 +431,9 @@ def main(argv=None) -> None:
     p.add_argument("--beyond-memory", type=int, default=0, metavar="KEYS",
                    help="instead: KEYS distinct keys on 2 workers of --limit memory, each backend once")
     p.add_argument("--limit", default="1GiB")
+    p.add_argument("--window", action="store_true",
+                   help="with --beyond-memory: a hopping window aggregate over KEYS distinct keys instead")
+    p.add_argument("--backends", default="memory,rocksdb", help="with --beyond-memory: which, in order")
     p.add_argument("--checkpoints", action="store_true", help="instead: checkpoint duration and size per backend")
     p.add_argument("--incremental", action="store_true",
                    help="instead: an incremental checkpoint's bytes where 1%% of the key groups changed, against a "
@@ -334,7 +447,8 @@ def main(argv=None) -> None:
             incremental_share(a.keys if a.keys != 100_000 else 2_000_000, backend=backend)
         return
     if a.beyond_memory:
-        beyond_memory(a.beyond_memory, a.limit)
+        run = beyond_memory_window if a.window else beyond_memory
+        run(a.beyond_memory, a.limit, backends=tuple(a.backends.split(",")))
         return
     data = [("zipf", a.rows, a.keys)]
     if a.distinct:
