@@ -27,7 +27,7 @@ import pandas as pd
 from ._aggregate import AggregateState, frame_of_blob
 from ._base import StateStore
 from ._rocksdb import KeyCodec, delete, delete_groups, open_for, put, runs, scan
-from ._shards import merge_into
+from ._shards import merge_into, values_of
 
 SCAN_CHUNK = 1 << 16            # rows of a range scan decoded at a time
 MERGE_CHUNK = 1 << 16           # keys of a batch merged at a time
@@ -234,13 +234,16 @@ class RocksAggregateState(StateStore):
         """:meth:`frame` as ``(keys, {aggregate: values})``: of every key, of key groups
         ``groups`` (range scans), or of those of ``keys`` held here (multi-gets)."""
         if keys is None:
-            f = self.frame_of_groups(range(self.groups) if groups is None else groups)
+            blob = self.snapshot(range(self.groups) if groups is None else groups)
         else:
             keys = pd.unique(np.asarray(keys))
             keys = keys[self.contains(keys)]
             gs = self._groups_of(keys)
-            f = frame_of_blob(self, self._blob([{"keys": keys, "key_groups": gs, "tables": self._read(keys, gs)}]))
-        return f.index.to_numpy(), {c: f[c].to_numpy() for c in self.spec}
+            blob = self._blob([{"keys": keys, "key_groups": gs, "tables": self._read(keys, gs)}])
+        if not blob["parts"]:
+            return np.empty(0, np.int64), values_of(self.spec, {}, 0, {})
+        part = blob["parts"][0]
+        return part["keys"], values_of(self.spec, self.dtypes, len(part["keys"]), part["tables"])
 
     # -- key-group ranges --------------------------------------------------------------------------
     def _runs(self, groups) -> list[tuple[int, int]]:

@@ -147,14 +147,19 @@ def delete_groups(db, lo: int, hi: int, base: bytes = b"") -> None:
 
 
 def runs(held: np.ndarray, groups) -> list[tuple[int, int]]:
-    """``groups`` as ranges ``[lo, hi)`` of consecutive key groups that hold keys
-    (``held``: keys per key group)."""
+    """``groups`` as ranges ``[lo, hi)`` of consecutive key groups of ``groups``, each
+    from its first to its last group that holds keys (``held``: keys per key group): the
+    groups between that hold none cost a scan nothing, a scan per run of held groups cost
+    a window's firing most of its time where keys are few per group."""
     gs = np.unique(np.asarray(groups if isinstance(groups, np.ndarray) else list(groups), np.int64))
-    gs = gs[held[gs] > 0] if len(gs) else gs
     if not len(gs):
         return []
-    breaks = np.flatnonzero(np.diff(gs) != 1) + 1
-    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(gs, breaks)]
+    out = []
+    for r in np.split(gs, np.flatnonzero(np.diff(gs) != 1) + 1):
+        full = np.flatnonzero(held[r] > 0)
+        if len(full):
+            out.append((int(r[full[0]]), int(r[full[-1]]) + 1))
+    return out
 
 
 def scan(db, lo: int, hi: int, chunk: int, base: bytes = b""):

@@ -76,16 +76,15 @@ class RocksPaneWindowState(PaneWindowState):
     # -- firing -------------------------------------------------------------------------------------
     def _chunks(self, parts: list, groups: np.ndarray | None) -> list:
         """The key groups to read (those of the mask ``groups``, all if None), cut into
-        runs of about PIECE_ROWS keys over the panes ``parts``."""
+        runs of about PIECE_ROWS keys over the panes ``parts``: consecutive groups, each
+        run one range scan a pane (the groups that hold nothing in it cost nothing)."""
         counts = sum(st.keys_per_group(np.arange(self.groups)) for st in parts)
-        if groups is not None:
-            counts = np.where(groups, counts, 0)
-        gs = np.flatnonzero(counts)
-        if not len(gs):
+        gs = np.arange(self.groups) if groups is None else np.flatnonzero(groups)
+        if not counts[gs].any():
             return []
         piece = np.cumsum(counts[gs]) // PIECE_ROWS
-        cuts = np.flatnonzero(np.diff(piece)) + 1
-        return np.split(gs, cuts)
+        chunks = np.split(gs, np.flatnonzero(np.diff(piece)) + 1)
+        return [c for c in chunks if counts[c].any()]
 
     def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None):
         """The output rows of window ``[start, end)``, a frame per run of key groups (or of
