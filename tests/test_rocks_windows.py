@@ -237,15 +237,18 @@ def test_a_window_savepoint_restores_across_state_backends(two_workers, data, tm
     """Drained with a savepoint on one backend, restored on the other at another
     parallelism: the two runs' windows together are each emitted once, exact."""
     path, frame = data
-    src, outs1 = build(path, 2, rate=40_000)
+    src, outs1 = build(path, 2, rate=20_000)
     with streamlb.run(src, client=two_workers, key_groups=G, state_backend=first) as job:
-        time.sleep(1.0)
+        deadline = time.time() + 30
+        while job.summary()["records"] < ROWS // 2 and time.time() < deadline:
+            time.sleep(0.05)
         sp = job.drain(savepoint=str(tmp_path / "sp"), timeout=60)
     restored, outs2 = build(path, 3)
     with streamlb.run(restored, client=two_workers, key_groups=G, state_backend=second, restore=sp) as job:
         job.wait(timeout=120)
         assert 0 < job.summary()["records"] < len(frame)   # only what came after the savepoint
     print(f"frames before the savepoint: {len(outs1)}, after: {len(outs2)}")
+    assert outs1 and outs2, "every window fired in one of the two runs"
     check(outs1 + outs2, frame)
 
 
