@@ -4,6 +4,7 @@ LocalCluster of 2 worker processes (a migration, savepoints across backends, a S
 worker with checkpoints)."""
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -38,25 +39,32 @@ def window_of(kind, lateness=0):
     return {"mode": "aggregate", "kind": kind, "lateness": lateness, "gap": 0, **WINDOWS[kind]}
 
 
-def drive(stores, frame, batch=700, delay=S, cut_at=None, move=None):
+def drive(stores, frame, batch=700, delay=S, cut_at=None, move=None, lag=False):
     """Every store gets the same batches and watermarks (``delay`` behind the largest time);
     returns each store's output frames and late rows. ``move(stores)`` runs after batch
-    ``cut_at``."""
+    ``cut_at``. ``lag``: a firing's first frame is read at once, the rest after the next
+    batch went in (the store settles it first)."""
     outs = [[] for _ in stores]
     lates = [[] for _ in stores]
+    waiting = [None for _ in stores]
     top = 0
     for i, a in enumerate(range(0, len(frame), batch)):
         part = frame.iloc[a:a + batch]
         times = part["event_time"].to_numpy().view(np.int64)
         top = max(top, int(times.max()))
-        for st, out, late in zip(stores, outs, lates):
+        for j, (st, out, late) in enumerate(zip(stores, outs, lates)):
             lt = st.update(part, None, times)
             if lt is not None and len(lt):
                 late.append(lt)
-            out.extend(st.pieces(st.advance(top - delay)))
+            if waiting[j] is not None:
+                out.extend(waiting[j])
+            pieces = iter(st.pieces(st.advance(top - delay)))
+            out.extend(itertools.islice(pieces, 1) if lag else pieces)
+            waiting[j] = pieces if lag else None
         if i == cut_at:
             move(stores)
-    for st, out in zip(stores, outs):
+    for st, out, rest in zip(stores, outs, waiting):
+        out.extend(rest or [])
         out.extend(st.pieces(st.advance(np.iinfo(np.int64).max)))
     return outs, lates
 
@@ -86,15 +94,17 @@ def stores(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if "fired" in p], "a fired window's frames were left on disk"
 
 
+@pytest.mark.parametrize("lag", [False, True], ids=["read-at-once", "read-after-the-next-batch"])
 @pytest.mark.parametrize("kind", ["tumbling", "hopping"])
-def test_the_store_fires_what_memory_fires_in_pieces(stores, kind, monkeypatch):
+def test_the_store_fires_what_memory_fires_in_pieces(stores, kind, lag, monkeypatch):
     """The same batches into both stores: the same rows per window, exact against pandas;
     a window of more keys than a piece is emitted as several frames, each of its own key
-    groups (no key twice in a window)."""
+    groups (no key twice in a window), also when the next batch comes before they are all
+    read."""
     monkeypatch.setattr(_window_panes_rocks, "PIECE_ROWS", 400)
     frame = records(30_000)
     mem, rocks = stores(kind, backend="memory"), stores(kind)
-    (m_out, r_out), (m_late, r_late) = drive([mem, rocks], frame)
+    (m_out, r_out), (m_late, r_late) = drive([mem, rocks], frame, lag=lag)
     assert len(r_out) > 2 * len(m_out), (len(r_out), len(m_out))
     late = pd.concat(r_late, ignore_index=True)
     pd.testing.assert_frame_equal(late, pd.concat(m_late, ignore_index=True))

@@ -9,9 +9,11 @@ and closes as one range delete when it expires, so the files do not grow with th
 
 A window fires a run of key groups at a time: each pane's rows of those groups (range
 scans), merged with :func:`~._window_panes.merge_partials`, about ``PIECE_ROWS`` keys a
-frame. A window of more keys than that goes to disk a frame at a time as it fires (the
-state cannot change under it while it is sent on), and :meth:`pieces` reads the frames back
-one at a time: the worker never holds the whole window.
+frame. A window of more keys than that fires as a :class:`Firing`: its frames are made one at
+a time as the operator sends them on (:meth:`pieces`; the worker answers in between, and
+never holds the whole window); should the store change before they are all sent (a batch, a
+cut, a snapshot), what is left of them goes to disk first (:class:`Spilled`), and the panes
+expire once no firing reads them.
 """
 from __future__ import annotations
 
@@ -53,6 +55,42 @@ class Spilled:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class Firing:
+    """A large window's frames (``frames``: a generator), made as they are read; ``settle``
+    makes the rest at once, to disk, before the store changes; ``done`` is called once."""
+
+    def __init__(self, frames, directory: str, done) -> None:
+        self.gen, self.directory, self.done = frames, directory, done
+        self.spill: Spilled | None = None
+
+    def settle(self) -> None:
+        if self.gen is None:
+            return
+        gen, self.gen = self.gen, None
+        self.spill = Spilled(self.directory)
+        for frame in gen:
+            self.spill.add(frame)
+        self.done(self)
+
+    def drop(self) -> None:
+        """Nobody reads the frames (an operator with nothing after it)."""
+        if self.gen is not None:
+            self.gen = None
+            self.done(self)
+
+    def frames(self):
+        while self.gen is not None:
+            frame = next(self.gen, None)
+            if frame is None:
+                if self.gen is not None:       # not settled while its last frame was out
+                    self.gen = None
+                    self.done(self)
+                break
+            yield frame
+        if self.spill is not None:
+            yield from self.spill.frames()
+
+
 class RocksPaneWindowState(PaneWindowState):
     """Open panes of a tumbling or hopping window ``aggregate``, in RocksDB."""
 
@@ -62,11 +100,69 @@ class RocksPaneWindowState(PaneWindowState):
         self.db, self.path, self._closer = open_for(self, operator, directory)
         self._opened = 0            # panes opened so far: the next one's prefix
         self._spills = 0
+        self._firing: list[Firing] = []     # large windows whose frames are being read
+        self._expire_later = False
 
     def close(self) -> None:
         """Close the database and remove its files."""
+        for f in list(self._firing):
+            f.drop()
         self.panes.clear()
         self._closer()
+
+    # -- a firing under way: settled before the store changes or is read whole ---------------------
+    def _settle(self) -> None:
+        for f in list(self._firing):
+            f.settle()
+
+    def _fired(self, f: Firing) -> None:
+        self._firing.remove(f)
+        if not self._firing and self._expire_later:
+            self._expire_later = False
+            self._expire_panes()
+
+    def _expire_panes(self) -> None:
+        if self._firing:
+            self._expire_later = True       # a firing reads them still
+            return
+        super()._expire_panes()
+
+    def discard(self, fired: list) -> None:
+        for item in fired:
+            if isinstance(item, Firing):
+                item.drop()
+
+    def update(self, frame, groups=None, times=None):
+        self._settle()
+        return super().update(frame, groups, times)
+
+    def advance(self, watermark: int) -> list:
+        self._settle()
+        return super().advance(watermark)
+
+    def combine(self, blob: dict) -> None:
+        self._settle()
+        super().combine(blob)
+
+    def cut(self, groups) -> dict:
+        self._settle()
+        return super().cut(groups)
+
+    def snapshot(self, groups) -> dict:
+        self._settle()
+        return super().snapshot(groups)
+
+    def cut_keys(self, keys, groups=None) -> dict:
+        self._settle()
+        return super().cut_keys(keys, groups)
+
+    def install(self, blob: dict) -> None:
+        self._settle()
+        super().install(blob)
+
+    def frame(self, touched=None):
+        self._settle()
+        return super().frame(touched)
 
     def _new_state(self) -> RocksAggregateState:
         self._opened += 1
@@ -86,13 +182,14 @@ class RocksPaneWindowState(PaneWindowState):
         chunks = np.split(gs, np.flatnonzero(np.diff(piece)) + 1)
         return [c for c in chunks if counts[c].any()]
 
-    def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None):
+    def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None, chunks=None):
         """The output rows of window ``[start, end)``, a frame per run of key groups (or of
         ``keys`` alone, read by multi-gets)."""
         parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
         if not parts:
             return
-        chunks = [None] if keys is not None else self._chunks(parts, groups)
+        if chunks is None:
+            chunks = [None] if keys is not None else self._chunks(parts, groups)
         for gs in chunks:
             arrays = [st.arrays(gs, keys) for st in parts]
             arrays = [a for a in arrays if len(a[0])]
@@ -110,24 +207,20 @@ class RocksPaneWindowState(PaneWindowState):
         return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
     def _fire(self, start: int, end: int, groups: np.ndarray | None):
-        """A window of at most PIECE_ROWS keys as one frame; a larger one to disk, a frame
-        at a time."""
-        frames = self._frames(start, end, groups)
-        first = next(frames, None)
-        second = next(frames, None)
-        if second is None:
-            return first
+        """A window of at most PIECE_ROWS keys as one frame; a larger one as a
+        :class:`Firing`, its frames made as they are sent on."""
+        parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
+        chunks = self._chunks(parts, groups) if parts else []
+        if len(chunks) <= 1:
+            return self._window(start, end, groups)
         self._spills += 1
-        spill = Spilled(f"{self.path}-fired-{self._spills}")
-        spill.add(first)
-        spill.add(second)
-        for frame in frames:
-            spill.add(frame)
-        return spill
+        f = Firing(self._frames(start, end, groups, chunks=chunks), f"{self.path}-fired-{self._spills}", self._fired)
+        self._firing.append(f)
+        return f
 
     def pieces(self, fired: list):
         for item in fired:
-            if isinstance(item, Spilled):
+            if isinstance(item, Firing):
                 yield from item.frames()
             else:
                 yield item

@@ -238,6 +238,9 @@ class WindowState(KeyDict, StateStore):
         out = self.rows(fired)
         return [] if out is None else [out]
 
+    def discard(self, fired: list) -> None:
+        """What :meth:`advance` fired goes nowhere (an operator with nothing after it)."""
+
     def rows(self, fired: list) -> pd.DataFrame | None:
         """Fired windows as the operator's output rows (aggregate), or None for none."""
         if not fired:

@@ -115,7 +115,9 @@ class WindowOperator(OnEventTime):
         """Rows of the windows fired by a watermark made at ``made_at`` (wall clock): it is
         their ``emitted`` time downstream (latency counts from it), also kept in the frame's
         ``attrs["watermark_made_at"]``."""
-        if fired and self.stage.children:
+        if fired and not self.stage.children:
+            self.store.discard(fired)
+        elif fired:
             for out in self.store.pieces(fired):
                 if len(out):
                     out.attrs["watermark_made_at"] = made_at
