@@ -16,7 +16,7 @@ from streamz import Stream
 
 import streamlb
 from streamlb.keygroups import assign_to_key_group
-from streamlb._state import _window_panes_rocks
+from streamlb._state import _rocks, _window_panes_rocks
 from streamlb._state._window_panes import PaneWindowState
 from streamlb._state._window_panes_rocks import RocksPaneWindowState, Spilled
 from test_checkpoint import _kill_one, cluster3  # noqa: F401 - the dask CLI cluster fixture
@@ -78,7 +78,11 @@ def last_rows(frames):
 
 
 @pytest.fixture
-def stores(tmp_path):
+def stores(tmp_path, monkeypatch):
+    """Stores of either backend; the RocksDB ones' panes go to the database past 256 keys
+    (by default a pane stays in the store's buffer up to 65536: the LocalCluster tests
+    below)."""
+    monkeypatch.setattr(_rocks, "BUFFER_KEYS", 256)
     made = []
 
     def make(kind, lateness=0, backend="rocksdb"):

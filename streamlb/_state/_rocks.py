@@ -233,7 +233,12 @@ class RocksAggregateState(StateStore):
     def arrays(self, groups=None, keys: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """:meth:`frame` as ``(keys, {aggregate: values})``: of every key, of key groups
         ``groups`` (range scans), or of those of ``keys`` held here (multi-gets)."""
-        if keys is None:
+        if keys is None and self._in_buffer():
+            taken = self.buffer.snapshot(range(self.groups) if groups is None else groups)
+            blob = self._blob([{"keys": p["keys"].copy(), "key_groups": p["key_groups"],
+                                "tables": {t: v.copy() for t, v in p["tables"].items()}} for p in taken["parts"]])
+            self.buffer.release(taken)
+        elif keys is None:
             blob = self.snapshot(range(self.groups) if groups is None else groups)
         else:
             keys = pd.unique(np.asarray(keys))
@@ -344,6 +349,20 @@ class RocksAggregateState(StateStore):
         return self._buffered(keys, np.concatenate([np.asarray(p["key_groups"], np.int64) for p in parts]))
 
     # -- sizes -----------------------------------------------------------------------------------
+    def _in_buffer(self) -> bool:
+        """Whether the buffer holds the whole state (the database none of it yet): a pane
+        of a few keys is then read from memory, never written (a window's pane fired and
+        expired before the buffer filled)."""
+        return self.buffer is not None and not self.held.any()
+
+    def counts(self) -> np.ndarray:
+        """Keys per key group, of every group (from the buffer while it holds the whole
+        state: no flush)."""
+        if self._in_buffer():
+            return self.buffer.keys_per_group(np.arange(self.groups))
+        self.flush()
+        return self.held.copy()
+
     def keys_per_group(self, groups) -> np.ndarray:
         self.flush()
         return self.held[np.asarray(groups, np.int64)]

@@ -170,11 +170,16 @@ class RocksPaneWindowState(PaneWindowState):
                                    shared=(self.db, self._opened.to_bytes(8, "big")))
 
     # -- firing -------------------------------------------------------------------------------------
+    def _panes_of(self, start: int, end: int) -> list:
+        """``(pane state, its keys per key group)`` of the panes of ``[start, end)`` that hold keys."""
+        parts = [(st, st.counts()) for p, st in self.panes.items() if start <= p < end]
+        return [(st, c) for st, c in parts if c.any()]
+
     def _chunks(self, parts: list, groups: np.ndarray | None) -> list:
         """The key groups to read (those of the mask ``groups``, all if None), cut into
         runs of about PIECE_ROWS keys over the panes ``parts``: consecutive groups, each
         run one range scan a pane (the groups that hold nothing in it cost nothing)."""
-        counts = sum(st.keys_per_group(np.arange(self.groups)) for st in parts)
+        counts = sum(c for _, c in parts)
         gs = np.arange(self.groups) if groups is None else np.flatnonzero(groups)
         if not counts[gs].any():
             return []
@@ -185,13 +190,13 @@ class RocksPaneWindowState(PaneWindowState):
     def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None, chunks=None):
         """The output rows of window ``[start, end)``, a frame per run of key groups (or of
         ``keys`` alone, read by multi-gets)."""
-        parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
+        parts = self._panes_of(start, end)
         if not parts:
             return
         if chunks is None:
             chunks = [None] if keys is not None else self._chunks(parts, groups)
         for gs in chunks:
-            arrays = [st.arrays(gs, keys) for st in parts]
+            arrays = [st.arrays(gs, keys) for st, _ in parts]
             arrays = [a for a in arrays if len(a[0])]
             if not arrays:
                 continue
@@ -209,7 +214,7 @@ class RocksPaneWindowState(PaneWindowState):
     def _fire(self, start: int, end: int, groups: np.ndarray | None):
         """A window of at most PIECE_ROWS keys as one frame; a larger one as a
         :class:`Firing`, its frames made as they are sent on."""
-        parts = [st for p, st in self.panes.items() if start <= p < end and len(st)]
+        parts = self._panes_of(start, end)
         chunks = self._chunks(parts, groups) if parts else []
         if len(chunks) <= 1:
             return self._window(start, end, groups)
