@@ -28,7 +28,7 @@ from ._rocks import RocksAggregateState
 from ._rocksdb import open_for
 from ._window_panes import PaneWindowState, merge_partials
 
-PIECE_ROWS = 1 << 20        # keys of a window per output frame, at most (a key group is not split)
+PIECE_ROWS = 1 << 18        # keys of a window per output frame, about (a key group is not split)
 
 
 class Spilled:
