@@ -290,3 +290,24 @@ def test_sigkill_with_window_panes_in_rocksdb_is_recovered_exactly_once(cluster3
     finally:
         job.stop()
     check(outs, frame)
+
+
+def test_make_store_and_the_log_say_which_windows_rocksdb_holds(tmp_path):
+    """Fixed windows' aggregates go to RocksDB; sessions, apply and window joins stay in
+    memory, and ``kept_in_memory`` (what run() logs) names them."""
+    from types import SimpleNamespace
+
+    from streamlb._state._backends import kept_in_memory, make_store
+
+    def stage(kind="hopping", mode="aggregate"):
+        w = {**window_of("hopping" if kind == "session" else kind), "kind": kind, "mode": mode, "gap": S}
+        return SimpleNamespace(kind="window", name="w", window=w, key_name="key", spec=SPEC, func=None,
+                               join=None, state={"backend": "rocksdb", "dir": str(tmp_path)})
+    st = make_store(stage(), G)
+    assert type(st).__name__ == "RocksPaneWindowState" and kept_in_memory(stage()) is None
+    st.close()
+    assert kept_in_memory(stage("tumbling")) is None
+    assert kept_in_memory(stage("session")) == "session window"
+    assert kept_in_memory(stage(mode="apply")) == "window apply"
+    assert kept_in_memory(stage(mode="join")) == "window join"
+    assert type(make_store(stage("session"), G)).__name__ == "SessionWindowState"
