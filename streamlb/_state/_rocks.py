@@ -364,10 +364,14 @@ class RocksAggregateState(StateStore):
         return self.held.copy()
 
     def keys_per_group(self, groups) -> np.ndarray:
+        if self._in_buffer():       # a poll of the loads: the buffer stays where it is
+            return self.buffer.keys_per_group(groups)
         self.flush()
         return self.held[np.asarray(groups, np.int64)]
 
     def __len__(self) -> int:
+        if self._in_buffer():
+            return len(self.buffer)
         self.flush()
         return int(self.held.sum())
 
