@@ -233,6 +233,8 @@ class RocksAggregateState(StateStore):
     def arrays(self, groups=None, keys: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """:meth:`frame` as ``(keys, {aggregate: values})``: of every key, of key groups
         ``groups`` (range scans), or of those of ``keys`` held here (multi-gets)."""
+        if keys is None and groups is None and self._in_buffer():
+            return self.buffer.arrays()         # as the memory store's: no snapshot, no copy of the tables
         if keys is None and self._in_buffer():
             taken = self.buffer.snapshot(range(self.groups) if groups is None else groups)
             blob = self._blob([{"keys": p["keys"].copy(), "key_groups": p["key_groups"],

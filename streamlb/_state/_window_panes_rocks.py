@@ -205,33 +205,49 @@ class RocksPaneWindowState(PaneWindowState):
             if frame is not None:
                 yield frame
 
-    def _window(self, start: int, end: int, groups: np.ndarray | None, keys=None) -> pd.DataFrame | None:
-        frames = list(self._frames(start, end, groups, keys))
+    def _window(self, start: int, end: int, groups: np.ndarray | None, keys=None,
+                chunks=None) -> pd.DataFrame | None:
+        frames = list(self._frames(start, end, groups, keys, chunks))
         if not frames:
             return None
-        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return _joined(frames)
 
     def _fire(self, start: int, end: int, groups: np.ndarray | None):
         """A window of at most PIECE_ROWS keys as one frame; a larger one as a
         :class:`Firing`, its frames made as they are sent on."""
         parts = self._panes_of(start, end)
         chunks = self._chunks(parts, groups) if parts else []
-        if len(chunks) <= 1:
-            return self._window(start, end, groups)
+        if not chunks:
+            return None
+        if len(chunks) == 1:
+            # every key group of the window at once: each pane read whole (from its buffer,
+            # as the memory store reads its pane, while the buffer holds the whole pane)
+            return self._window(start, end, groups, chunks=[None] if groups is None else chunks)
         self._spills += 1
         f = Firing(self._frames(start, end, groups, chunks=chunks), f"{self.path}-fired-{self._spills}", self._fired)
         self._firing.append(f)
         return f
 
     def pieces(self, fired: list):
+        """The windows a watermark fired as one frame, as in memory (a frame per window
+        cost the steps after the operator a call each: most of the job's time on the
+        cluster), but a large window's (a :class:`Firing`'s) frames one at a time."""
+        small = []
         for item in fired:
             if isinstance(item, Firing):
+                if small:
+                    yield _joined(small)
+                    small = []
                 yield from item.frames()
             else:
-                yield item
+                small.append(item)
+        if small:
+            yield _joined(small)
 
     def rows(self, fired: list) -> pd.DataFrame | None:
         frames = list(self.pieces(fired))
-        if not frames:
-            return None
-        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return _joined(frames) if frames else None
+
+
+def _joined(frames: list) -> pd.DataFrame:
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
