@@ -215,12 +215,12 @@ def local_dataset() -> str:
 
 
 # -- throughput, and the uniform checkpoints ---------------------------------------------------------
-def _throughput_run(client, path: str, checkpointed: bool, expected) -> dict:
+def _throughput_run(client, path: str, checkpointed: bool, expected, backend: str = "memory") -> dict:
     import streamlb
 
     where = _scratch() if checkpointed else None
     try:
-        job = streamlb.run(_build(path), client=client, checkpoint=where,
+        job = streamlb.run(_build(path), client=client, checkpoint=where, state_backend=backend,
                            checkpoint_interval=INTERVAL if checkpointed else None)
         try:
             job.wait()
@@ -240,16 +240,18 @@ def _throughput_run(client, path: str, checkpointed: bool, expected) -> dict:
             "keys": len(state), "checkpoints": cps.to_dict("records")}
 
 
-def throughput(path: str | None = None) -> dict:
-    """The ``throughput`` part: none and checkpoint alternated, PAIRS of each."""
-    path = path or zipf_dataset(THROUGHPUT_ROWS, THROUGHPUT_KEYS, 0.0, partitions=4)
+def throughput(path: str | None = None, backend: str = "memory", rows: int = THROUGHPUT_ROWS,
+               pairs: int = PAIRS) -> dict:
+    """The ``throughput`` part: none and checkpoint alternated, ``pairs`` of each, the state
+    in ``backend``."""
+    path = path or zipf_dataset(rows, THROUGHPUT_KEYS, 0.0, partitions=4)
     expected = _expected(path)
     runs: dict[str, list] = {"none": [], "checkpoint": []}
     cl, client = cluster(2)
     with cl, client, _Others() as others:
-        for i in range(PAIRS):
+        for i in range(pairs):
             for case in ("none", "checkpoint"):
-                r = _throughput_run(client, path, case == "checkpoint", expected)
+                r = _throughput_run(client, path, case == "checkpoint", expected, backend)
                 runs[case].append(r)
                 _say(f"throughput {case} #{i + 1}: {r['records_per_second']:,.0f} records/s "
                      f"({r['seconds']:.2f} s, {r['keys']:,} keys, {len(r['checkpoints'])} checkpoints)")
@@ -661,6 +663,14 @@ def table(r: dict) -> str:
 if __name__ == "__main__":      # python -m benchmarks.checkpoint [--json], from asv_bench/
     import json
 
+    if "--throughput" in sys.argv:      # [--state-backend B] [--rows N] [--pairs P]: that part alone
+        def _arg(name, default):
+            return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+        res = throughput(backend=_arg("--state-backend", "memory"), rows=int(float(_arg("--rows", THROUGHPUT_ROWS))),
+                         pairs=int(_arg("--pairs", PAIRS)))
+        print(json.dumps(res, indent=1, default=str))
+        sys.exit(0)
     res = measure()
     if "--json" in sys.argv:
         print(json.dumps(res, indent=1, default=str))
