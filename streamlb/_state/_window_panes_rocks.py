@@ -175,6 +175,20 @@ class RocksPaneWindowState(PaneWindowState):
         parts = [(st, st.counts()) for p, st in self.panes.items() if start <= p < end]
         return [(st, c) for st, c in parts if c.any()]
 
+    def _buffered(self, start: int, end: int) -> list | None:
+        """``(pane state, None)`` of the panes of ``[start, end)`` that hold keys, if each
+        holds them all in its buffer and together fewer than PIECE_ROWS (the window is then
+        one frame, as in memory: no keys per key group counted); None otherwise."""
+        parts, n = [], 0
+        for p, st in self.panes.items():
+            if start <= p < end:
+                if st.held.any():
+                    return None
+                if st.buffer is not None and len(st.buffer):
+                    parts.append((st, None))
+                    n += len(st.buffer)
+        return parts if n < PIECE_ROWS else None
+
     def _chunks(self, parts: list, groups: np.ndarray | None) -> list:
         """The key groups to read (those of the mask ``groups``, all if None), cut into
         runs of about PIECE_ROWS keys over the panes ``parts``: consecutive groups, each
@@ -187,10 +201,10 @@ class RocksPaneWindowState(PaneWindowState):
         chunks = np.split(gs, np.flatnonzero(np.diff(piece)) + 1)
         return [c for c in chunks if counts[c].any()]
 
-    def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None, chunks=None):
+    def _frames(self, start: int, end: int, groups: np.ndarray | None, keys=None, chunks=None, parts=None):
         """The output rows of window ``[start, end)``, a frame per run of key groups (or of
-        ``keys`` alone, read by multi-gets)."""
-        parts = self._panes_of(start, end)
+        ``keys`` alone, read by multi-gets); ``parts``: :meth:`_panes_of`, if known."""
+        parts = self._panes_of(start, end) if parts is None else parts
         if not parts:
             return
         if chunks is None:
@@ -206,8 +220,8 @@ class RocksPaneWindowState(PaneWindowState):
                 yield frame
 
     def _window(self, start: int, end: int, groups: np.ndarray | None, keys=None,
-                chunks=None) -> pd.DataFrame | None:
-        frames = list(self._frames(start, end, groups, keys, chunks))
+                chunks=None, parts=None) -> pd.DataFrame | None:
+        frames = list(self._frames(start, end, groups, keys, chunks, parts))
         if not frames:
             return None
         return _joined(frames)
@@ -215,16 +229,18 @@ class RocksPaneWindowState(PaneWindowState):
     def _fire(self, start: int, end: int, groups: np.ndarray | None):
         """A window of at most PIECE_ROWS keys as one frame; a larger one as a
         :class:`Firing`, its frames made as they are sent on."""
+        parts = self._buffered(start, end) if groups is None else None
+        if parts is not None:       # each pane read whole from its buffer, as memory reads its pane
+            return self._window(start, end, None, chunks=[None], parts=parts)
         parts = self._panes_of(start, end)
         chunks = self._chunks(parts, groups) if parts else []
         if not chunks:
             return None
-        if len(chunks) == 1:
-            # every key group of the window at once: each pane read whole (from its buffer,
-            # as the memory store reads its pane, while the buffer holds the whole pane)
-            return self._window(start, end, groups, chunks=[None] if groups is None else chunks)
+        if len(chunks) == 1:        # every key group of the window at once
+            return self._window(start, end, groups, chunks=[None] if groups is None else chunks, parts=parts)
         self._spills += 1
-        f = Firing(self._frames(start, end, groups, chunks=chunks), f"{self.path}-fired-{self._spills}", self._fired)
+        f = Firing(self._frames(start, end, groups, chunks=chunks, parts=parts),
+                   f"{self.path}-fired-{self._spills}", self._fired)
         self._firing.append(f)
         return f
 
