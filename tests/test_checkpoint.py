@@ -276,6 +276,16 @@ def _kill_one(client, job) -> str:
     return victim
 
 
+def _wait_for_a_checkpoint_with_keys(job, timeout: float = 30.0) -> None:
+    """Return once the job's latest complete checkpoint holds keys, or after ``timeout``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done = job.checkpoints()
+        if len(done) and done["keys"].iloc[-1] > 0:
+            return
+        time.sleep(0.01)
+
+
 def _faulty_run(client, data, tmp_path, when, **run_kw):
     """Run the job, call ``when(job)`` until it says the moment has come, kill a worker,
     wait; the job must be exact and record one recovery."""

@@ -15,7 +15,7 @@ from streamz import Stream
 
 import streamlb
 
-from test_checkpoint import _kill_one, cluster3  # noqa: F401 - the dask CLI cluster fixture
+from test_checkpoint import _kill_one, _wait_for_a_checkpoint_with_keys, cluster3  # noqa: F401 - a fixture
 
 ROWS, FILES, KEYS, G = 40_000, 2, 400, 32
 BUCKET = 5 * 10 ** 9                    # event-time buckets of 5 s, closed by timers
@@ -154,12 +154,7 @@ def test_sigkill_with_process_state_in_rocksdb_is_recovered_exactly(cluster3, da
     with dask.config.set({"streamlb.state.dir": str(tmp_path / "db")}):
         job = streamlb.run(src, client=cluster3, key_groups=G, state_backend="rocksdb",
                            checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        done = job.checkpoints()
-        if len(done) and done["keys"].iloc[-1] > 0:
-            break
-        time.sleep(0.01)
+    _wait_for_a_checkpoint_with_keys(job)
     victim = _kill_one(cluster3, job)
     job.wait(timeout=180)
     check(job, outs, frame)

@@ -19,7 +19,7 @@ from streamlb.keygroups import assign_to_key_group
 from streamlb._state import _rocks, _window_panes_rocks
 from streamlb._state._window_panes import PaneWindowState
 from streamlb._state._window_panes_rocks import RocksPaneWindowState, Spilled
-from test_checkpoint import _kill_one, cluster3  # noqa: F401 - the dask CLI cluster fixture
+from test_checkpoint import _kill_one, _wait_for_a_checkpoint_with_keys, cluster3  # noqa: F401 - a fixture
 from windowing import S, emitted, expected
 
 G, KEYS = 32, 3_000
@@ -293,12 +293,7 @@ def test_sigkill_with_window_panes_in_rocksdb_is_recovered_exactly_once(cluster3
         job = streamlb.run(src, client=cluster3, key_groups=G, state_backend="rocksdb",
                            checkpoint=str(tmp_path / "ck"), checkpoint_interval=0.3)
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            done = job.checkpoints()
-            if len(done) and done["keys"].iloc[-1] > 0:
-                break
-            time.sleep(0.01)
+        _wait_for_a_checkpoint_with_keys(job)
         victim = _kill_one(cluster3, job)
         job.wait(timeout=180)
         recoveries = [h for h in job.history if h.get("kind") == "recovery"]
