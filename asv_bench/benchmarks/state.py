@@ -14,6 +14,7 @@ KEYS distinct keys on 2 workers of ``--limit`` memory, per backend (``--backends
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -92,6 +93,28 @@ def distinct_log(keys: int, files: int = 16) -> str:
     return path
 
 
+@contextlib.contextmanager
+def _watched_cluster(limit: str):
+    """A LocalCluster of 2 workers of ``memory_limit=limit``: yields ``(client, peaks)``,
+    ``peaks`` the peak RSS of each worker process so far (:func:`_watch_rss`, until the
+    block ends)."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=":0",
+                      silence_logs=50) as cl, Client(cl) as client:
+        peaks: dict = {}
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch_rss, args=(client, peaks, stop), daemon=True)
+        watcher.start()
+        try:
+            yield client, peaks
+        finally:
+            stop.set()
+            watcher.join()
+
+
 def _watch_rss(client, peaks: dict, stop) -> None:
     """Peak resident memory of each worker process, sampled every 0.2 s until ``stop`` is set."""
     import os
@@ -143,9 +166,6 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
     per backend: what happened (finished, or the error), records/s, the peak RSS per worker,
     and for a finished job whether its state is exact (count 1 and sum ``key % 1000`` for
     every key, checked in numpy)."""
-    import threading
-
-    from distributed import Client, LocalCluster
     from streamz import Stream
 
     import streamlb
@@ -153,12 +173,7 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
     path = distinct_log(keys)
     results = {}
     for backend in backends:
-        with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=":0",
-                          silence_logs=50) as cl, Client(cl) as client:
-            peaks: dict = {}
-            stop = threading.Event()
-            watcher = threading.Thread(target=_watch_rss, args=(client, peaks, stop), daemon=True)
-            watcher.start()
+        with _watched_cluster(limit) as (client, peaks):
             src = Stream.from_parquet(path)
             src.key_by("key").aggregate({"count": ("value", "count"), "sum": ("value", "sum")}, name="totals")
             t0 = time.perf_counter()
@@ -173,8 +188,6 @@ def beyond_memory(keys: int = 30_000_000, limit: str = "1GiB", backends=("memory
                 took = time.perf_counter() - t0
                 outcome = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
-                stop.set()
-                watcher.join()
                 job.stop()
         results[backend] = {"outcome": outcome, "seconds": took, "exact": exact,
                             "whole_read": whole if outcome == "finished" else None,
@@ -374,10 +387,7 @@ def beyond_memory_window(keys: int = 30_000_000, limit: str = "1GiB", backends=(
     every key) on 2 workers of ``memory_limit=limit``, per backend: what happened (finished,
     or the error), the time, the peak RSS per worker, and whether each window's rows, keys,
     counts and sums are exact against numpy."""
-    import threading
-
     import pandas as pd
-    from distributed import Client, LocalCluster
     from streamz import Stream
 
     import streamlb
@@ -386,12 +396,7 @@ def beyond_memory_window(keys: int = 30_000_000, limit: str = "1GiB", backends=(
     truth = window_truth(keys)
     results = {}
     for backend in backends:
-        with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=":0",
-                          silence_logs=50) as cl, Client(cl) as client:
-            peaks: dict = {}
-            stop = threading.Event()
-            watcher = threading.Thread(target=_watch_rss, args=(client, peaks, stop), daemon=True)
-            watcher.start()
+        with _watched_cluster(limit) as (client, peaks):
             src = Stream.from_parquet(path).with_watermark("event_time")
             win = src.key_by("key").window(size="2s", slide="1s").aggregate(
                 {"n": ("value", "count"), "total": ("value", "sum")}, name="windows")
@@ -412,8 +417,6 @@ def beyond_memory_window(keys: int = 30_000_000, limit: str = "1GiB", backends=(
                 took = time.perf_counter() - t0
                 outcome = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
-                stop.set()
-                watcher.join()
                 job.stop()
         results[backend] = {"outcome": outcome, "seconds": took, "exact": exact, "frames": frames,
                             "peak_rss_mib": sorted(round(v / 2**20) for v in peaks.values())}
