@@ -78,18 +78,28 @@ def distinct_log(keys: int, files: int = 16) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def write(path: str) -> None:
+        order = np.random.default_rng(0).permutation(keys)
+        for i, part in enumerate(np.array_split(order, files)):
+            pq.write_table(pa.table({"key": part, "value": (part % 1000).astype(np.float64)}),
+                           os.path.join(path, f"part-{i:03d}.parquet"))
+
+    return _written_once(f"distinct-{keys}-{files}", write)
+
+
+def _written_once(name: str, write) -> str:
+    """The directory ``name`` under the benchmarks' data directory, filled by
+    ``write(path)`` the first time (a ``_done`` file marks it complete)."""
+    import os
+
     from ._common import DATA
 
-    path = os.path.abspath(os.path.join(DATA, f"distinct-{keys}-{files}"))
+    path = os.path.abspath(os.path.join(DATA, name))
     done = os.path.join(path, "_done")
-    if os.path.exists(done):
-        return path
-    os.makedirs(path, exist_ok=True)
-    order = np.random.default_rng(0).permutation(keys)
-    for i, part in enumerate(np.array_split(order, files)):
-        pq.write_table(pa.table({"key": part, "value": (part % 1000).astype(np.float64)}),
-                       os.path.join(path, f"part-{i:03d}.parquet"))
-    open(done, "w").close()
+    if not os.path.exists(done):
+        os.makedirs(path, exist_ok=True)
+        write(path)
+        open(done, "w").close()
     return path
 
 
@@ -337,21 +347,15 @@ def distinct_times_log(keys: int, files: int = 16) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ._common import DATA
+    def write(path: str) -> None:
+        order = np.random.default_rng(0).permutation(keys)
+        for i, part in enumerate(np.array_split(np.arange(keys), files)):
+            k = order[part]
+            t = (part * (2_000_000_000 / keys)).astype("int64").astype("datetime64[ns]")
+            pq.write_table(pa.table({"key": k, "value": (k % 1000).astype(np.float64), "event_time": t}),
+                           os.path.join(path, f"part-{i:03d}.parquet"))
 
-    path = os.path.abspath(os.path.join(DATA, f"distinct-times-{keys}-{files}"))
-    done = os.path.join(path, "_done")
-    if os.path.exists(done):
-        return path
-    os.makedirs(path, exist_ok=True)
-    order = np.random.default_rng(0).permutation(keys)
-    for i, part in enumerate(np.array_split(np.arange(keys), files)):
-        k = order[part]
-        t = (part * (2_000_000_000 / keys)).astype("int64").astype("datetime64[ns]")
-        pq.write_table(pa.table({"key": k, "value": (k % 1000).astype(np.float64), "event_time": t}),
-                       os.path.join(path, f"part-{i:03d}.parquet"))
-    open(done, "w").close()
-    return path
+    return _written_once(f"distinct-times-{keys}-{files}", write)
 
 
 def window_truth(keys: int) -> dict:
